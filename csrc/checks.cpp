@@ -1,0 +1,62 @@
+#include "checks.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/GradMode.h>
+
+#include <stdexcept>
+
+#include "plan.h"
+
+namespace flashmla_perm {
+
+void check_defined(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is an undefined tensor");
+}
+
+void check_writable(const at::Tensor& t, const char* op, const char* name) {
+  check_defined(t, op, name);
+  TORCH_CHECK_VALUE(!(t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
+                    " requires grad; permute weights under torch.no_grad() or on a detached tensor");
+  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
+                    " has overlapping memory (several elements share bytes, e.g. from expand); "
+                    "an in-place permutation would corrupt it");
+}
+
+void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == dim, op, ": ", name, " must be ", dim, "-D, got shape ", t.sizes());
+}
+
+void check_positive(int64_t value, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(value > 0, op, ": ", name, " must be positive, got ", value);
+}
+
+void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
+                const char* name_b) {
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ",
+                    name_a, " is on ", a.device());
+  const auto status = at::get_overlap_status(a, b);
+  TORCH_CHECK_VALUE(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial,
+                    op, ": ", name_a, " and ", name_b, " share memory");
+}
+
+std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,
+                                      const at::Device& device, const char* op) {
+  check_defined(perm, op, "perm");
+  TORCH_CHECK_TYPE(perm.scalar_type() == at::kLong || perm.scalar_type() == at::kInt, op,
+                   ": perm must be int64 or int32, got ", perm.scalar_type());
+  TORCH_CHECK_VALUE(perm.dim() == 1, op, ": perm must be 1-D, got shape ", perm.sizes());
+  TORCH_CHECK_VALUE(perm.numel() == extent, op, ": perm has ", perm.numel(),
+                    " entries but the permuted dimension has ", extent);
+  TORCH_CHECK_VALUE(perm.device().is_cpu() || perm.device() == device, op, ": perm is on ",
+                    perm.device(), " but self is on ", device);
+  const at::Tensor host = perm.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> values(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + extent);
+  try {
+    check_permutation(values.data(), extent, std::string(op) + ": perm");
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  return values;
+}
+
+}  // namespace flashmla_perm

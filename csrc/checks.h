@@ -1,0 +1,25 @@
+// Argument checks shared by every op. Each failure names the op and the
+// argument, raises ValueError or TypeError, and happens before any byte moves.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace flashmla_perm {
+
+// A tensor the op writes in place: defined, not requiring grad, no element
+// reachable twice through its strides.
+void check_writable(const at::Tensor& t, const char* op, const char* name);
+void check_defined(const at::Tensor& t, const char* op, const char* name);
+void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* name);
+void check_positive(int64_t value, const char* op, const char* name);
+// Same device, and no shared bytes (permuting one would corrupt the other).
+void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
+                const char* name_b);
+// `perm` as host int64 values after checking dtype, shape, device and that it
+// is a permutation of [0, extent).
+std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,
+                                      const at::Device& device, const char* op);
+
+}  // namespace flashmla_perm

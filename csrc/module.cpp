@@ -1,0 +1,51 @@
+// The Python module flashmla_perm._C: importing it registers the ops (static
+// initializers in ops.cpp) and exposes what was built. Plain CPython API, so
+// no translation unit pays for pybind11.
+#include <Python.h>
+
+#include "apply.h"
+#include "plan_cache.h"
+
+#ifndef FLASHMLA_PERM_CUDA_ARCHS
+#define FLASHMLA_PERM_CUDA_ARCHS ""
+#endif
+#ifndef FLASHMLA_PERM_TORCH_VERSION
+#define FLASHMLA_PERM_TORCH_VERSION "unknown"
+#endif
+
+namespace {
+
+#ifdef FLASHMLA_PERM_WITH_CUDA
+constexpr bool kWithCuda = true;
+#else
+constexpr bool kWithCuda = false;
+#endif
+
+PyObject* build_info(PyObject*, PyObject*) {
+  return Py_BuildValue("{s:O,s:s,s:s}", "cuda", kWithCuda ? Py_True : Py_False, "cuda_archs",
+                       FLASHMLA_PERM_CUDA_ARCHS, "torch", FLASHMLA_PERM_TORCH_VERSION);
+}
+
+PyObject* path_counts(PyObject*, PyObject*) {
+  using flashmla_perm::Path;
+  using flashmla_perm::path_count;
+  return Py_BuildValue("{s:L,s:L,s:L}", "cpu", static_cast<long long>(path_count(Path::kCpu)),
+                       "cuda", static_cast<long long>(path_count(Path::kCuda)), "aten",
+                       static_cast<long long>(path_count(Path::kAten)));
+}
+
+PyObject* cached_plans(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(flashmla_perm::cached_plan_count());
+}
+
+PyMethodDef methods[] = {
+    {"build_info", build_info, METH_NOARGS, "What this module was built with."},
+    {"path_counts", path_counts, METH_NOARGS, "Calls served by each path (cpu, cuda, aten)."},
+    {"cached_plans", cached_plans, METH_NOARGS, "Model-level plans held by the cache."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "flashmla_perm native ops", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&module); }

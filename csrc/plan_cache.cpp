@@ -1,0 +1,104 @@
+#include "plan_cache.h"
+
+#include <list>
+#include <map>
+#include <tuple>
+
+namespace flashmla_perm {
+
+at::Tensor DeviceCopies::on(const at::Device& device) const {
+  if (device.is_cpu()) return host_;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [d, t] : copies_)
+    if (d == device) return t;
+  copies_.emplace_back(device, host_.to(device));
+  return copies_.back().second;
+}
+
+namespace {
+
+template <class T>
+at::Tensor host_array(std::initializer_list<const std::vector<T>*> parts, at::ScalarType dtype) {
+  int64_t n = 0;
+  for (const auto* p : parts) n += static_cast<int64_t>(p->size());
+  at::Tensor t = at::empty({n}, dtype);
+  T* out = static_cast<T*>(t.data_ptr());
+  for (const auto* p : parts) out = std::copy(p->begin(), p->end(), out);
+  return t;
+}
+
+// Least-recently-used map, bounded, guarded by one mutex.
+template <class Key, class Value>
+class BoundedCache {
+ public:
+  template <class Make>
+  std::shared_ptr<const Value> get(const Key& key, Make&& make) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return it->second->second;
+    }
+    order_.emplace_front(key, std::make_shared<const Value>(make()));
+    index_[key] = order_.begin();
+    if (static_cast<int64_t>(order_.size()) > kPlanCacheCapacity) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return order_.front().second;
+  }
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(order_.size());
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<Key, std::shared_ptr<const Value>>> order_;
+  std::map<Key, typename decltype(order_)::iterator> index_;
+};
+
+using RowKey = std::tuple<int64_t, int64_t, bool>;
+using ColKey = std::tuple<int, int64_t, int64_t, int64_t, bool>;
+// Never destroyed: device copies must not be freed after CUDA shuts down at exit.
+BoundedCache<RowKey, RowPlanEntry>& row_cache() {
+  static auto* cache = new BoundedCache<RowKey, RowPlanEntry>();
+  return *cache;
+}
+BoundedCache<ColKey, ColPlanEntry>& col_cache() {
+  static auto* cache = new BoundedCache<ColKey, ColPlanEntry>();
+  return *cache;
+}
+
+std::vector<int64_t> maybe_inverse(std::vector<int64_t> perm, bool inverse) {
+  return inverse ? inverse_permutation(perm) : perm;
+}
+
+}  // namespace
+
+RowPlanEntry::RowPlanEntry(RowPlan p)
+    : plan(std::move(p)), arrays(host_array<int64_t>({&plan.order, &plan.segments}, at::kLong)) {}
+
+ColPlanEntry::ColPlanEntry(ColPlan p)
+    : plan(std::move(p)), arrays(host_array<int32_t>({&plan.source_offset}, at::kInt)) {}
+
+std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim,
+                                                      bool inverse) {
+  return row_cache().get({num_heads, head_dim, inverse}, [&] {
+    return make_row_plan(maybe_inverse(q_fused_permutation(num_heads, head_dim), inverse));
+  });
+}
+
+std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads, int64_t head_dim,
+                                                    int64_t element_size, bool inverse) {
+  return col_cache().get({static_cast<int>(kind), heads, head_dim, element_size, inverse}, [&] {
+    std::vector<int64_t> perm = kind == ColKind::kQ   ? q_fused_permutation(heads, head_dim)
+                                : kind == ColKind::kO ? o_fused_permutation(heads, head_dim)
+                                                      : o_fused_chunk_permutation(heads, head_dim);
+    return make_col_plan(maybe_inverse(std::move(perm), inverse), element_size);
+  });
+}
+
+int64_t cached_plan_count() { return row_cache().size() + col_cache().size(); }
+
+}  // namespace flashmla_perm

@@ -1,0 +1,52 @@
+// Plans with their index arrays, copied once to each device that uses them,
+// and a bounded, thread-safe cache of the model-level plans: loading 43
+// layers builds one plan per tensor kind and copies nothing host-to-device
+// after the first layer.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "plan.h"
+
+namespace flashmla_perm {
+
+class DeviceCopies {
+ public:
+  explicit DeviceCopies(at::Tensor host) : host_(std::move(host)) {}
+  // The host array on `device` (the host array itself for the CPU).
+  at::Tensor on(const at::Device& device) const;
+
+ private:
+  at::Tensor host_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<at::Device, at::Tensor>> copies_;
+};
+
+struct RowPlanEntry {
+  explicit RowPlanEntry(RowPlan p);
+  RowPlan plan;
+  DeviceCopies arrays;  // order, then segments (int64)
+};
+
+struct ColPlanEntry {
+  explicit ColPlanEntry(ColPlan p);
+  ColPlan plan;
+  DeviceCopies arrays;  // source_offset (int32)
+};
+
+enum class ColKind { kQ, kO, kOChunk };
+
+std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim,
+                                                      bool inverse);
+std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads, int64_t head_dim,
+                                                    int64_t element_size, bool inverse);
+// Entries held by each cache (for tests of the bound).
+int64_t cached_plan_count();
+constexpr int64_t kPlanCacheCapacity = 64;
+
+}  // namespace flashmla_perm

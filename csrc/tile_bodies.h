@@ -1,0 +1,202 @@
+// Tile bodies: the only code that moves bytes. Written once, compiled by nvcc
+// (CUDA threads, __syncthreads) and by the host compiler (one thread per tile,
+// or std::threads with a std::barrier in the host harness). No ATen in here:
+// plain pointers, sizes and strides in small params structs.
+//
+// An execution context `Ctx` provides:
+//   static constexpr bool kSerial;  // one thread runs the whole tile
+//   int thread() const;             // this thread's index in the tile
+//   int num_threads() const;
+//   void sync();                    // barrier across the tile's threads
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define FLASHMLA_PERM_BODY __device__ __forceinline__
+#else
+#define FLASHMLA_PERM_BODY inline
+#endif
+
+namespace flashmla_perm {
+
+// Unit of a cooperative copy: V bytes moved by one load and one store.
+template <int V> struct VecOf;
+#if defined(__CUDACC__)
+template <> struct VecOf<16> { using type = uint4; };  // 128-bit ld/st
+template <> struct VecOf<8> { using type = uint2; };
+#else
+struct alignas(16) Bytes16 { uint64_t lo, hi; };
+template <> struct VecOf<16> { using type = Bytes16; };
+template <> struct VecOf<8> { using type = uint64_t; };
+#endif
+template <> struct VecOf<4> { using type = uint32_t; };
+template <> struct VecOf<2> { using type = uint16_t; };
+template <> struct VecOf<1> { using type = uint8_t; };
+
+template <int V>
+FLASHMLA_PERM_BODY void move_vec(uint8_t* dst, const uint8_t* src) {
+  using T = typename VecOf<V>::type;
+  *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
+}
+
+template <class T>
+FLASHMLA_PERM_BODY T min_of(T a, T b) { return a < b ? a : b; }
+
+// dst[r * dst_pitch + c] = src[r * src_pitch + c] for r < rows, c < bytes.
+// Parallel contexts need every address, pitch and `bytes` to be a multiple of
+// V; `rows * bytes / V` fits 32 bits (a tile, never a whole tensor).
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void copy_rect(Ctx& ctx, uint8_t* dst, int64_t dst_pitch,
+                                  const uint8_t* src, int64_t src_pitch,
+                                  int64_t rows, int64_t bytes) {
+  if constexpr (Ctx::kSerial) {
+    if (dst_pitch == bytes && src_pitch == bytes) {
+      std::memcpy(dst, src, static_cast<size_t>(rows * bytes));
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * dst_pitch, src + r * src_pitch, static_cast<size_t>(bytes));
+  } else {
+    // Flatten (row, vector) over the threads so that narrow rows still keep
+    // every thread busy.
+    const uint32_t per_row = static_cast<uint32_t>(bytes / V);
+    const uint32_t total = static_cast<uint32_t>(rows) * per_row;
+    for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {
+      const uint32_t r = i / per_row;
+      const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
+      move_vec<V>(dst + r * dst_pitch + c, src + r * src_pitch + c);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Row permutation by cycle segments (see DESIGN.md).
+//
+// Rows are moved in units of `unit_rows` consecutive rows (a block of the
+// permutation). Destination unit order[k] receives source unit order[k + 1]
+// inside a segment; the segment's last destination receives either its own
+// first unit (the segment is a whole cycle: the tile saves it before writing)
+// or the first unit of the next segment, which phase A saved to scratch.
+struct RowParams {
+  uint8_t* data;                 // row 0, column byte 0
+  int64_t row_stride;            // bytes from one row to the next
+  int64_t row_bytes;             // contiguous bytes of one row
+  int64_t unit_rows;             // rows that move together
+  const int64_t* order;          // units in cycle order, cycle after cycle
+  const int64_t* segments;       // per segment: first position, length, tail slot (-1: own first unit)
+  uint8_t* scratch;              // slot s: unit_rows x row_bytes, packed
+  int64_t slice_bytes;           // column bytes of one tile
+  int64_t num_slices;            // tiles per segment
+  int64_t step;                  // positions loaded before they are stored
+};
+
+// Shared memory a row tile needs: the saved tail source plus `step` buffers.
+inline int64_t row_tile_smem_bytes(int64_t unit_rows, int64_t slice_bytes, int64_t step) {
+  return (step + 1) * unit_rows * slice_bytes;
+}
+
+// Phase A: scratch slot `seg` <- first unit of segment `seg` (column slice).
+// Only segments [0, number of scratch slots) are cut from longer cycles.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowParams& p, int64_t tile) {
+  const int64_t seg = tile / p.num_slices;
+  const int64_t col = (tile - seg * p.num_slices) * p.slice_bytes;
+  const int64_t width = min_of(p.slice_bytes, p.row_bytes - col);
+  const int64_t head = p.order[p.segments[3 * seg]];
+  copy_rect<V>(ctx, p.scratch + seg * p.unit_rows * p.row_bytes + col, p.row_bytes,
+               p.data + head * p.unit_rows * p.row_stride + col, p.row_stride,
+               p.unit_rows, width);
+}
+
+// Phase B: one (segment, column slice) tile. Walks the chain in steps: load
+// the sources of the next `step` positions, barrier, store them. Position k's
+// destination was position k-1's source, so it is still cached when written,
+// and reading k+1..k+step before writing k..k+step-1 never reads a byte that
+// this tile already overwrote. Other tiles touch other units or columns.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowParams& p, int64_t tile,
+                                         uint8_t* smem) {
+  const int64_t seg = tile / p.num_slices;
+  const int64_t col = (tile - seg * p.num_slices) * p.slice_bytes;
+  const int64_t width = min_of(p.slice_bytes, p.row_bytes - col);
+  const int64_t* pos = p.order + p.segments[3 * seg];
+  const int64_t len = p.segments[3 * seg + 1];
+  const int64_t tail = p.segments[3 * seg + 2];
+  const int64_t g = p.unit_rows;
+  const int64_t pitch = p.slice_bytes;
+  const int64_t buf_bytes = g * pitch;
+  auto unit = [&](int64_t u) { return p.data + u * g * p.row_stride + col; };
+
+  uint8_t* tail_src = smem;
+  if (tail < 0)
+    copy_rect<V>(ctx, tail_src, pitch, unit(pos[0]), p.row_stride, g, width);
+  else
+    copy_rect<V>(ctx, tail_src, pitch, p.scratch + tail * g * p.row_bytes + col, p.row_bytes,
+                 g, width);
+
+  for (int64_t k0 = 0; k0 < len; k0 += p.step) {
+    const int64_t n = min_of(p.step, len - k0);
+    for (int64_t i = 0; i < n; ++i)
+      if (k0 + i + 1 < len)
+        copy_rect<V>(ctx, smem + (1 + i) * buf_bytes, pitch, unit(pos[k0 + i + 1]),
+                     p.row_stride, g, width);
+    ctx.sync();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* src = (k0 + i + 1 < len) ? smem + (1 + i) * buf_bytes : tail_src;
+      copy_rect<V>(ctx, unit(pos[k0 + i]), p.row_stride, src, pitch, g, width);
+    }
+    ctx.sync();  // the next step reuses the buffers
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Column permutation within rows: a tile of whole rows is staged in shared
+// memory and written back gathered. In place when src == dst (a tile reads
+// only its own rows, all of them before the barrier).
+struct ColParams {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t src_row_stride;        // bytes
+  int64_t dst_row_stride;        // bytes
+  int64_t rows;
+  int64_t row_bytes;
+  const int32_t* source_offset;  // per destination chunk of a row: source byte offset
+  int chunk_shift;               // log2(chunk bytes); chunks are the permutation's runs cut to <= 16 bytes
+  int64_t tile_rows;
+};
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_gather_tile(Ctx& ctx, const ColParams& p, int64_t tile,
+                                        uint8_t* smem) {
+  const int64_t r0 = tile * p.tile_rows;
+  const int64_t nr = min_of(p.tile_rows, p.rows - r0);
+  const int64_t rb = p.row_bytes;
+  uint8_t* dst = p.dst + r0 * p.dst_row_stride;
+  copy_rect<V>(ctx, smem, rb, p.src + r0 * p.src_row_stride, p.src_row_stride, nr, rb);
+  ctx.sync();
+  const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
+  if constexpr (Ctx::kSerial) {
+    for (int64_t r = 0; r < nr; ++r) {
+      const uint8_t* row = smem + r * rb;
+      uint8_t* out = dst + r * p.dst_row_stride;
+      for (int64_t b = 0; b < rb; b += V) {
+        const int64_t s = p.source_offset[b >> p.chunk_shift] + (b & mask);
+        std::memcpy(out + b, row + s, V);  // memcpy: host addresses may be unaligned
+      }
+    }
+  } else {
+    const uint32_t per_row = static_cast<uint32_t>(rb / V);
+    const uint32_t total = static_cast<uint32_t>(nr) * per_row;
+    for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {
+      const uint32_t r = i / per_row;
+      const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
+      const int64_t s = p.source_offset[b >> p.chunk_shift] + (b & mask);
+      move_vec<V>(dst + r * p.dst_row_stride + b, smem + r * rb + s);
+    }
+  }
+  ctx.sync();  // the context's next tile reuses the buffer
+}
+
+}  // namespace flashmla_perm

@@ -1,0 +1,80 @@
+"""In-place load-time permutations of DeepSeek-V4.1 ``wq_b`` / ``wo_a`` weights
+for FlashMLA's mega-attention kernel.
+
+Same names, signatures and results as the reference functions
+(:mod:`flashmla_perm.reference`), plus the inverses. Everything also runs as
+``torch.ops.flashmla_perm.*``.
+"""
+
+import torch
+
+from . import _ops
+from ._version import __version__
+from .reference import (
+    HEAD_DIM,
+    O_CHUNK,
+    Q_CHUNK,
+    WV_GROUP_SIZE,
+    inverse_permutation,
+    o_fused_chunk_permutation,
+    o_fused_permutation,
+    q_fused_permutation,
+)
+
+__all__ = [
+    "HEAD_DIM", "Q_CHUNK", "O_CHUNK", "WV_GROUP_SIZE",
+    "q_fused_permutation", "o_fused_permutation", "o_fused_chunk_permutation",
+    "inverse_permutation", "permute_q_to_fused", "permute_q_from_fused",
+    "permute_wq_b_", "unpermute_wq_b_", "permute_wo_a_", "unpermute_wo_a_", "build_info",
+]
+
+_ops_ns = torch.ops.flashmla_perm
+
+
+def permute_q_to_fused(q: torch.Tensor) -> torch.Tensor:
+    """``[N, H, D]`` standard layout -> the same shape, fused layout (new tensor)."""
+    return _ops_ns.permute_q(q)
+
+
+def permute_q_from_fused(q: torch.Tensor) -> torch.Tensor:
+    """Undoes :func:`permute_q_to_fused`."""
+    return _ops_ns.permute_q(q, True)
+
+
+def permute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_heads: int) -> None:
+    """Permute the rows of a ``wq_b`` shard and its per-row scale in place."""
+    _ops_ns.permute_wq_b_(weight, weight_scale, num_local_heads)
+
+
+def unpermute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_heads: int) -> None:
+    """Undoes :func:`permute_wq_b_`."""
+    _ops_ns.permute_wq_b_(weight, weight_scale, num_local_heads, True)
+
+
+def permute_wo_a_(
+    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
+) -> None:
+    """Permute the input columns of a ``wo_a`` shard and its per-32 scale in place."""
+    _ops_ns.permute_wo_a_(weight, weight_scale, heads_per_group)
+
+
+def unpermute_wo_a_(
+    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
+) -> None:
+    """Undoes :func:`permute_wo_a_`."""
+    _ops_ns.permute_wo_a_(weight, weight_scale, heads_per_group, True)
+
+
+def build_info() -> dict:
+    """What runs here: ``native`` (the native module loaded), ``cuda`` (CUDA
+    kernels compiled in), ``cuda_archs``, ``torch`` (the version built
+    against), ``version``; ``native_error`` says why the native module is not
+    used, if it is not."""
+    info = {"native": _ops._C is not None, "cuda": False, "cuda_archs": [], "torch": None,
+            "version": __version__, "native_error": _ops.native_error}
+    if _ops._C is not None:
+        built = _ops._C.build_info()
+        info["cuda"] = bool(built["cuda"])
+        info["cuda_archs"] = [a for a in built["cuda_archs"].split(";") if a]
+        info["torch"] = built["torch"]
+    return info

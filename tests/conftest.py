@@ -1,0 +1,92 @@
+import contextlib
+import os
+
+import pytest
+import torch
+
+import flashmla_perm
+from flashmla_perm import _ops
+
+INFO = flashmla_perm.build_info()
+NATIVE = INFO["native"]
+
+DTYPES = [
+    torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu,
+    torch.bfloat16, torch.float16, torch.float32,
+]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_report_header(config):
+    return f"flashmla_perm: {INFO}; devices: {DEVICES}"
+
+
+def pytest_sessionstart(session):
+    # CI sets these so that a build that silently fell back fails loudly.
+    if os.environ.get("FLASHMLA_PERM_EXPECT_NATIVE") == "1" and not NATIVE:
+        pytest.exit(f"native module expected but not loaded: {INFO['native_error']}", 3)
+    if os.environ.get("FLASHMLA_PERM_EXPECT_CUDA") == "1" and not INFO["cuda"]:
+        pytest.exit(f"CUDA kernels expected but not compiled in: {INFO}", 3)
+
+
+def random_tensor(shape, dtype=torch.uint8, device="cpu", gen=None):
+    """Random bytes (never zeros) viewed as `dtype`; NaN/inf payloads included."""
+    shape = list(shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    raw_shape = shape[:-1] + [shape[-1] * esize] if shape else [esize]
+    raw = torch.randint(0, 256, raw_shape, dtype=torch.uint8, generator=gen)
+    t = raw.view(dtype) if shape else raw.view(dtype).reshape(())
+    return t.to(device)
+
+
+def as_bytes(t):
+    """Bytes of t's elements (any layout), for exact comparison."""
+    c = t.detach().contiguous()
+    return c.view(torch.uint8) if c.element_size() == 1 else c.view(-1).view(torch.uint8)
+
+
+def assert_same_bytes(actual, expected):
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype
+    a, e = as_bytes(actual).cpu(), as_bytes(expected).cpu()
+    if not torch.equal(a, e):
+        bad = (a != e).nonzero()
+        pytest.fail(f"{len(bad)} bytes differ, first at {bad[0].tolist()}")
+
+
+def poison(device, nbytes):
+    """Fill memory the allocator is about to hand out, so an output byte the
+    kernel forgets to write shows up as 0xA5 rather than a lucky match."""
+    torch.full((max(nbytes, 1),), 0xA5, dtype=torch.uint8, device=device)
+
+
+@contextlib.contextmanager
+def expect_path(device, native=True):
+    """Asserts that the calls inside ran the native executor for `device`
+    (native=True) or the ATen gather, when the native module is loaded."""
+    before = _ops.path_counts()
+    yield
+    if not NATIVE:
+        return
+    after = _ops.path_counts()
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    grew = {k: after[k] - before[k] for k in after}
+    if native:
+        assert grew[kind] > 0 and grew["aten"] == 0, f"expected the native {kind} path, got {grew}"
+    else:
+        assert grew["aten"] > 0, f"expected the ATen path, got {grew}"
+
+
+def expect_native_if_moves(device, perm):
+    """expect_path(device) when `perm` moves anything; nothing is asserted for
+    the identity, which no path needs to run."""
+    if torch.equal(perm.long().cpu(), torch.arange(perm.numel())):
+        return contextlib.nullcontext()
+    return expect_path(device)
+
+
+@pytest.fixture
+def gen():
+    g = torch.Generator()
+    g.manual_seed(1234)
+    return g

@@ -1,0 +1,193 @@
+"""torch.ops.flashmla_perm.* generic ops against the reference gather, byte
+for byte: every dtype, layouts the kernels take and layouts they do not."""
+
+import pytest
+import torch
+
+import flashmla_perm as fp
+from flashmla_perm import reference as ref
+from flashmla_perm._schemas import SCHEMAS
+
+from conftest import (DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path,
+                      poison, random_tensor)
+
+ops = torch.ops.flashmla_perm
+
+
+def test_schemas_match_the_python_fallback():
+    for name, schema in SCHEMAS.items():
+        actual = getattr(ops, name).default._schema
+        assert str(actual) == str(torch._C.parse_schema(f"flashmla_perm::{schema}")), name
+
+
+def one_cycle(n, gen):
+    """A single cycle through all n indices: the worst case for segments."""
+    order = torch.randperm(n, generator=gen)
+    perm = torch.empty(n, dtype=torch.long)
+    perm[order] = order.roll(-1)
+    return perm
+
+
+def block_perm(n, block, gen):
+    """Blocks of `block` consecutive indices moved together (the Q shape)."""
+    blocks = torch.randperm(n // block, generator=gen)
+    return (blocks[:, None] * block + torch.arange(block)).reshape(-1)
+
+
+PERMS = {
+    "random": lambda n, g: torch.randperm(n, generator=g),
+    "identity": lambda n, g: torch.arange(n),
+    "reverse": lambda n, g: torch.arange(n - 1, -1, -1),
+    "one_cycle": one_cycle,
+    "blocks16": lambda n, g: block_perm(n, 16, g) if n % 16 == 0 else torch.randperm(n, generator=g),
+    "int32": lambda n, g: torch.randperm(n, generator=g).to(torch.int32),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", list(PERMS))
+@pytest.mark.parametrize("shape", [(1000, 37), (4096, 40), (257, 3, 5), (1000,), (64, 1280)])
+def test_permute_rows_(device, dtype, kind, shape, gen):
+    x = random_tensor(shape, dtype, device, gen)
+    perm = PERMS[kind](shape[0], gen)
+    expected = x.clone()
+    ref.permute_rows_(expected, perm)
+    with expect_native_if_moves(device, perm):
+        ops.permute_rows_(x, perm)
+    assert_same_bytes(x, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", list(PERMS))
+@pytest.mark.parametrize("shape", [(100, 4096), (33, 128), (7, 5, 48), (1000,), (300, 37)])
+def test_permute_cols_(device, dtype, kind, shape, gen):
+    x = random_tensor(shape, dtype, device, gen)
+    perm = PERMS[kind](shape[-1], gen)
+    expected = x.clone()
+    ref.permute_cols_(expected, perm)
+    with expect_native_if_moves(device, perm):
+        ops.permute_cols_(x, perm)
+    assert_same_bytes(x, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(100, 4096), (33, 128), (7, 5, 48), (1000,)])
+def test_permute_cols_out_of_place(device, dtype, shape, gen):
+    x = random_tensor(shape, dtype, device, gen)
+    before = x.clone()
+    perm = torch.randperm(shape[-1], generator=gen)
+    poison(device, x.numel() * x.element_size())
+    with expect_path(device):
+        out = ops.permute_cols(x, perm)
+    assert out.is_contiguous()
+    assert_same_bytes(out, ref.permute_cols(x, perm))
+    assert_same_bytes(x, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offset", [1, 3, 8, 15])
+def test_storage_offset_and_neighbours_untouched(device, offset, gen):
+    """Views that break 16-byte alignment; bytes around the view stay put."""
+    rows, cols = 515, 40
+    base = random_tensor((rows * cols + 64,), torch.uint8, device, gen)
+    expected = base.clone()
+    view = base[offset:offset + rows * cols].view(rows, cols)
+    perm = torch.randperm(rows, generator=gen)
+    ref.permute_rows_(expected[offset:offset + rows * cols].view(rows, cols), perm)
+    with expect_path(device):
+        ops.permute_rows_(view, perm)
+    assert_same_bytes(base, expected)
+
+    cperm = torch.randperm(cols, generator=gen)
+    ref.permute_cols_(expected[offset:offset + rows * cols].view(rows, cols), cperm)
+    with expect_path(device):
+        ops.permute_cols_(view, cperm)
+    assert_same_bytes(base, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_strided_views_take_the_native_path(device, gen):
+    """Rows with a stride wider than the row (a column slice) are native."""
+    base = random_tensor((300, 200), torch.float8_e4m3fn, device, gen)
+    expected = base.clone()
+    view, eview = base[:, 8:136], expected[:, 8:136]
+    perm_r, perm_c = torch.randperm(300, generator=gen), torch.randperm(128, generator=gen)
+    ref.permute_rows_(eview, perm_r)
+    ref.permute_cols_(eview, perm_c)
+    with expect_path(device):
+        ops.permute_rows_(view, perm_r)
+        ops.permute_cols_(view, perm_c)
+    assert_same_bytes(base, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_last_dim_gets_the_reference_result(device, gen):
+    base = random_tensor((64, 96), torch.bfloat16, device, gen)
+    expected = base.clone()
+    view, eview = base[:, ::2], expected[:, ::2]
+    perm_c = torch.randperm(48, generator=gen)
+    ref.permute_cols_(eview, perm_c)
+    with expect_path(device, native=False):
+        ops.permute_cols_(view, perm_c)
+    assert_same_bytes(base, expected)
+    t, et = base.t(), expected.t()  # rows of a transposed tensor are not contiguous
+    perm_r = torch.randperm(96, generator=gen)
+    ref.permute_rows_(et, perm_r)
+    with expect_path(device, native=False):
+        ops.permute_rows_(t, perm_r)
+    assert_same_bytes(base, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("length", [2, 63, 64, 65, 128, 129, 1000, 20000])
+def test_long_cycles_cut_into_segments(device, length, gen):
+    """Cycles longer than a segment go through scratch; lengths around the
+    segment size (64) check the cut points."""
+    x = random_tensor((length, 24), torch.uint8, device, gen)
+    perm = one_cycle(length, gen)
+    expected = x.clone()
+    ref.permute_rows_(expected, perm)
+    with expect_path(device):
+        ops.permute_rows_(x, perm)
+    assert_same_bytes(x, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_size_is_a_no_op(device):
+    x = torch.empty((0, 16), dtype=torch.uint8, device=device)
+    ops.permute_rows_(x, torch.empty(0, dtype=torch.long))
+    y = torch.empty((5, 0), dtype=torch.uint8, device=device)
+    ops.permute_rows_(y, torch.randperm(5))
+    ops.permute_cols_(x, torch.randperm(16))
+    assert ops.permute_cols(x, torch.randperm(16)).shape == (0, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device, gen):
+    # opcheck compares values with allclose: uint8 for the byte ops (float8 has no
+    # arithmetic), NaN-free values for bf16.
+    x = random_tensor((64, 48), torch.uint8, device, gen)
+    cases = [
+        (ops.permute_rows_.default, (x.clone(), torch.randperm(64, generator=gen))),
+        (ops.permute_cols_.default, (x.clone(), torch.randperm(48, generator=gen))),
+        (ops.permute_cols.default, (x.clone(), torch.randperm(48, generator=gen))),
+        (ops.permute_wq_b_.default, (random_tensor((64, 96), torch.uint8, device, gen),
+                                     random_tensor((64, 3), torch.uint8, device, gen), 2)),
+        (ops.permute_wo_a_.default, (random_tensor((16, 512), torch.uint8, device, gen),
+                                     random_tensor((16, 16), torch.uint8, device, gen), 8, True)),
+        (ops.permute_q.default, (torch.randn(3, 4, 64, generator=gen).to(device, torch.bfloat16),)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_meta_tensors_use_the_fake_kernels(device):
+    w = torch.empty((1024, 64), dtype=torch.float8_e4m3fn, device="meta")
+    s = torch.empty((1024, 2), dtype=torch.uint8, device="meta")
+    fp.permute_wq_b_(w, s, 2)
+    q = torch.empty((4, 8, 64), dtype=torch.bfloat16, device="meta")
+    assert fp.permute_q_to_fused(q).shape == (4, 8, 64)
