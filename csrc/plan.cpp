@@ -91,11 +91,11 @@ ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
   plan.element_size = element_size;
   plan.identity = true;
   for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;
-  // Chunk: the largest power of two <= 16 bytes dividing every run of the
-  // permutation, so that each destination chunk has one contiguous source.
+  // Chunk: the largest power of two <= kMaxChunk bytes dividing every run of
+  // the permutation, so that each destination chunk has one contiguous source.
   const int64_t run_bytes = block_size(perm.data(), n) * element_size;
   int shift = 0;
-  while (shift < 4 && run_bytes % (int64_t{2} << shift) == 0) ++shift;
+  while ((int64_t{2} << shift) <= kMaxChunk && run_bytes % (int64_t{2} << shift) == 0) ++shift;
   plan.chunk_shift = shift;
   const int64_t chunk = int64_t{1} << shift;
   const int64_t row_bytes = n * element_size;

@@ -12,6 +12,9 @@ namespace flashmla_perm {
 // longer ones save one unit per segment, so scratch stays under 2/(kMaxSegment+1)
 // of the tensor (under 1/32).
 constexpr int64_t kMaxSegment = 64;
+// Largest chunk of a column gather map, in bytes (a GPU moves it in 16-byte
+// vectors; a CPU in one memcpy).
+constexpr int64_t kMaxChunk = 64;
 // Rows grouped into one unit at most (the Q permutation moves blocks of 16).
 constexpr int64_t kMaxUnitRows = 64;
 
@@ -40,7 +43,7 @@ RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment = kMaxSegme
 struct ColPlan {
   int64_t cols = 0;
   int64_t element_size = 1;
-  int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= 16)
+  int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= kMaxChunk)
   std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries
   bool identity = false;
   std::vector<int64_t> perm;

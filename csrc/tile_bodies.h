@@ -136,6 +136,14 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowParams& p, int64_t t
     copy_rect<V>(ctx, tail_src, pitch, p.scratch + tail * g * p.row_bytes + col, p.row_bytes,
                  g, width);
 
+  if constexpr (Ctx::kSerial) {
+    // One thread, step 1: each load is stored at once, so it can go straight
+    // from its source unit to its destination (distinct units of a cycle).
+    for (int64_t k = 0; k + 1 < len; ++k)
+      copy_rect<V>(ctx, unit(pos[k]), p.row_stride, unit(pos[k + 1]), p.row_stride, g, width);
+    copy_rect<V>(ctx, unit(pos[len - 1]), p.row_stride, tail_src, pitch, g, width);
+    return;
+  }
   for (int64_t k0 = 0; k0 < len; k0 += p.step) {
     const int64_t n = min_of(p.step, len - k0);
     for (int64_t i = 0; i < n; ++i)
@@ -163,7 +171,7 @@ struct ColParams {
   int64_t rows;
   int64_t row_bytes;
   const int32_t* source_offset;  // per destination chunk of a row: source byte offset
-  int chunk_shift;               // log2(chunk bytes); chunks are the permutation's runs cut to <= 16 bytes
+  int chunk_shift;               // log2(chunk bytes); chunks are the permutation's runs cut to <= 64 bytes
   int64_t tile_rows;
 };
 
@@ -176,17 +184,36 @@ FLASHMLA_PERM_BODY void col_gather_tile(Ctx& ctx, const ColParams& p, int64_t ti
   uint8_t* dst = p.dst + r0 * p.dst_row_stride;
   copy_rect<V>(ctx, smem, rb, p.src + r0 * p.src_row_stride, p.src_row_stride, nr, rb);
   ctx.sync();
-  const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
   if constexpr (Ctx::kSerial) {
+    // Host executors pass V == the chunk size, so chunk j is simply
+    // offset[j]. memcpy: host addresses may be unaligned. Locals, not p's
+    // fields: byte stores may alias them and force reloads.
+    const int32_t* offset = p.source_offset;
+    const int64_t chunks = rb / V;
+    const int64_t dst_stride = p.dst_row_stride;
     for (int64_t r = 0; r < nr; ++r) {
       const uint8_t* row = smem + r * rb;
-      uint8_t* out = dst + r * p.dst_row_stride;
-      for (int64_t b = 0; b < rb; b += V) {
-        const int64_t s = p.source_offset[b >> p.chunk_shift] + (b & mask);
-        std::memcpy(out + b, row + s, V);  // memcpy: host addresses may be unaligned
+      uint8_t* out = dst + r * dst_stride;
+      int64_t j = 0;
+      if constexpr (V < 8) {
+        // Chunks under 8 bytes (the per-32-column scales move byte by byte)
+        // are assembled into one 8-byte store in a register; little-endian.
+        using T = typename VecOf<V>::type;
+        constexpr int kPer = 8 / V;
+        for (; j + kPer <= chunks; j += kPer) {
+          uint64_t packed = 0;
+          for (int i = 0; i < kPer; ++i) {
+            T piece;
+            std::memcpy(&piece, row + offset[j + i], V);
+            packed |= static_cast<uint64_t>(piece) << (8 * V * i);
+          }
+          std::memcpy(out + j * V, &packed, 8);
+        }
       }
+      for (; j < chunks; ++j) std::memcpy(out + j * V, row + offset[j], V);
     }
   } else {
+    const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
     const uint32_t total = static_cast<uint32_t>(nr) * per_row;
     for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {

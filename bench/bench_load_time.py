@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Load-time cost of permuting a whole model's wq_b and wo_a weights.
+
+For each tensor kind (wq_b weight + scale, wo_a weight + scale), device and
+backend (`reference`: the plain torch gather; `native`: this package's ops),
+side by side in one process with a plain copy of the same bytes between two
+preallocated buffers:
+
+  median time per layer and per model, effective bandwidth (2 x bytes / time),
+  the ratio to the copy, the speedup over the reference, and the extra peak
+  memory of one call (CPU: peak RSS of a fresh subprocess above its level just
+  before the call; CUDA: peak allocated above the level before).
+
+Every backend is checked byte for byte against the reference before it is
+timed; a wrong one is reported as wrong and never timed. The model's layers
+are distinct tensors (no cache-resident reruns), warm-up is excluded, and CUDA
+is timed with events.
+
+Default: DeepSeek-V4.1-Flash at tensor-parallel size 1, 43 layers, every
+backend available here.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import flashmla_perm
+from flashmla_perm import reference
+
+KINDS = ("wq_b", "wo_a")
+MiB = 1 << 20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp", type=int, default=1, choices=[1, 2, 4, 8], help="tensor-parallel size")
+    p.add_argument("--layers", type=int, default=43, help="layers carrying wq_b/wo_a (40 + 3 MTP)")
+    p.add_argument("--heads", type=int, default=64)
+    p.add_argument("--head-dim", type=int, default=512)
+    p.add_argument("--q-lora-rank", type=int, default=1280, help="K of wq_b")
+    p.add_argument("--o-lora-rank", type=int, default=1024, help="rows of wo_a per group")
+    p.add_argument("--group", type=int, default=8, help="heads per wo_a group")
+    p.add_argument("--weight-dtype", default="float8_e4m3fn")
+    p.add_argument("--scale-dtype", default="uint8", help="uint8 or float8_e8m0fnu")
+    p.add_argument("--reps", type=int, default=5, help="timed passes over the model")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
+    p.add_argument("--backends", default="reference,native")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    p.add_argument("--json", metavar="PATH", help="write every number here")
+    p.add_argument("--plot", metavar="PATH", help="PNG of time per model (needs matplotlib)")
+    p.add_argument("--memory-probe", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- tensors
+
+def shapes(args, kind):
+    """(weight shape, scale shape, the op's integer argument) of one rank's shard."""
+    if kind == "wq_b":
+        rows = args.heads // args.tp * args.head_dim
+        return (rows, args.q_lora_rank), (rows, args.q_lora_rank // 32), args.heads // args.tp
+    groups = args.heads // args.group
+    rows = groups // args.tp * args.o_lora_rank if groups >= args.tp else args.o_lora_rank
+    cols = args.group * args.head_dim
+    return (rows, cols), (rows, cols // 32), args.group
+
+
+def random_like_bytes(shape, dtype, device):
+    t = torch.empty(shape, dtype=torch.uint8, device=device).random_(0, 256)
+    return t.view(getattr(torch, dtype))
+
+
+def make_layer(args, kind, device):
+    wshape, sshape, _ = shapes(args, kind)
+    return random_like_bytes(wshape, args.weight_dtype, device), random_like_bytes(sshape, args.scale_dtype, device)
+
+
+def layer_bytes(layer):
+    return sum(t.numel() * t.element_size() for t in layer)
+
+
+def as_bytes(t):
+    return t.reshape(-1).view(torch.uint8)
+
+
+# --------------------------------------------------------------------------- backends
+
+def backend_fn(name, kind, arg):
+    mod = reference if name == "reference" else flashmla_perm
+    fn = mod.permute_wq_b_ if kind == "wq_b" else mod.permute_wo_a_
+    return lambda layer: fn(layer[0], layer[1], arg)
+
+
+def available_backends(args):
+    wanted = args.backends.split(",")
+    native = flashmla_perm.build_info()["native"]
+    return [b for b in wanted if b == "reference" or (b == "native" and native)]
+
+
+def check_against_reference(args, kind, device, backend):
+    """True when `backend` gives the reference's bytes on one fresh layer."""
+    _, _, arg = shapes(args, kind)
+    layer = make_layer(args, kind, device)
+    expected = [t.clone() for t in layer]
+    backend_fn("reference", kind, arg)(expected)
+    backend_fn(backend, kind, arg)(layer)
+    return all(torch.equal(as_bytes(a), as_bytes(b)) for a, b in zip(layer, expected))
+
+
+# --------------------------------------------------------------------------- timing
+
+class Timer:
+    """Wall time on the CPU; CUDA events on a GPU (synchronised once per pass)."""
+
+    def __init__(self, device):
+        self.cuda = device.startswith("cuda")
+
+    def pass_seconds(self, fn, items):
+        if not self.cuda:
+            total = 0.0
+            for item in items:
+                t0 = time.perf_counter()
+                fn(item)
+                total += time.perf_counter() - t0
+            return total
+        events = []
+        for item in items:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(item)
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return sum(s.elapsed_time(e) for s, e in events) / 1e3
+
+
+def copy_fn(buffers):
+    """A plain copy of a layer's bytes into preallocated buffers of the same size."""
+    def run(layer):
+        for dst, src in zip(buffers, layer):
+            dst.copy_(as_bytes(src))
+    return run
+
+
+def progress(msg):
+    if sys.stderr.isatty() or os.environ.get("BENCH_PROGRESS", "1") == "1":
+        sys.stderr.write(f"\r\033[K{msg}" if sys.stderr.isatty() else f"{msg}\n")
+        sys.stderr.flush()
+
+
+def time_kind(args, kind, device, backends):
+    _, _, arg = shapes(args, kind)
+    progress(f"[{device} {kind}] making {args.layers} layers of random bytes")
+    layers = [make_layer(args, kind, device) for _ in range(args.layers)]
+    buffers = [torch.empty(layer_bytes([t]), dtype=torch.uint8, device=device) for t in layers[0]]
+    fns = {"copy": copy_fn(buffers), **{b: backend_fn(b, kind, arg) for b in backends}}
+    timer = Timer(device)
+    for name, fn in fns.items():  # warm-up: plans, allocator, page faults
+        fn(layers[0])
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = {name: [] for name in fns}
+    for rep in range(args.reps):
+        for name, fn in fns.items():  # interleaved, so drift hits every backend alike
+            progress(f"[{device} {kind}] pass {rep + 1}/{args.reps}: {name}")
+            seconds[name].append(timer.pass_seconds(fn, layers))
+    return seconds, layer_bytes(layers[0])
+
+
+# --------------------------------------------------------------------------- memory
+
+def read_hwm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+def memory_probe(spec):
+    """Runs in a fresh subprocess: extra peak memory of one call."""
+    args = parse_args(spec["argv"])
+    kind, device, backend = spec["kind"], spec["device"], spec["backend"]
+    _, _, arg = shapes(args, kind)
+    fn = backend_fn(backend, kind, arg)
+    fn(make_layer(args, kind, device))  # warm-up: plans and allocator pools exist already
+    layer = make_layer(args, kind, device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn(layer)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+    else:
+        # A child inherits its parent's ru_maxrss: reset the peak to the
+        # current RSS, then read the high-water mark after the call.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = read_hwm_bytes()
+        fn(layer)
+        extra = read_hwm_bytes() - before
+    print(json.dumps({"extra_bytes": max(extra, 0), "tensor_bytes": layer_bytes(layer)}))
+
+
+def measure_memory(argv, kind, device, backend):
+    spec = json.dumps({"argv": argv, "kind": kind, "device": device, "backend": backend})
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-probe", spec],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- report
+
+def summarize(args, device, kind, seconds, nbytes, memory):
+    copy = statistics.median(seconds["copy"])
+    rows = []
+    for name, samples in seconds.items():
+        model = statistics.median(samples)
+        row = {
+            "device": device, "kind": kind, "backend": name,
+            "seconds_per_model": model, "seconds_per_layer": model / args.layers,
+            "samples_seconds_per_model": samples,
+            "bytes_per_layer": nbytes, "gbytes_per_s": 2 * nbytes * args.layers / model / 1e9,
+            "x_copy": model / copy,
+        }
+        if name != "copy" and "reference" in seconds:
+            row["speedup_vs_reference"] = statistics.median(seconds["reference"]) / model
+        if name in memory:
+            row["extra_peak_bytes"] = memory[name]["extra_bytes"]
+            row["extra_peak_fraction"] = memory[name]["extra_bytes"] / nbytes
+        rows.append(row)
+    return rows
+
+
+def print_table(rows, wrong):
+    head = f"{'device':6} {'kind':5} {'backend':9} {'ms/layer':>9} {'s/model':>8} {'GB/s':>7} {'x copy':>7} {'vs ref':>7} {'extra mem':>15}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        mem = (f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
+               if "extra_peak_bytes" in r else "")
+        vs = f"{r['speedup_vs_reference']:6.1f}x" if "speedup_vs_reference" in r else ""
+        print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['seconds_per_layer'] * 1e3:9.2f} "
+              f"{r['seconds_per_model']:8.3f} {r['gbytes_per_s']:7.2f} {r['x_copy']:6.2f}x {vs:>7} {mem:>15}")
+    for w in wrong:
+        print(f"{w['device']:6} {w['kind']:5} {w['backend']:9} WRONG: bytes differ from the reference; not timed")
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"--plot: matplotlib is not installed; no {path}", file=sys.stderr)
+        return
+    labels = [f"{r['device']} {r['kind']}\n{r['backend']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    ax.bar(range(len(rows)), [r["seconds_per_model"] for r in rows])
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("seconds per model (median)")
+    ax.set_yscale("log")
+    ax.set_title("flashmla_perm: load-time permutation cost")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.memory_probe:
+        return memory_probe(json.loads(args.memory_probe))
+    devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    backends = available_backends(args)
+    info = flashmla_perm.build_info()
+    print(f"flashmla_perm {info['version']}, native={info['native']} cuda={info['cuda']}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"model: {args.layers} layers, {args.heads} heads x {args.head_dim}, TP {args.tp}, "
+          f"weights {args.weight_dtype}, scales {args.scale_dtype}; median of {args.reps} passes")
+    if "native" in args.backends and "native" not in backends:
+        print(f"native backend unavailable: {info['native_error']}")
+    rows, wrong = [], []
+    for device in devices:
+        for kind in args.kinds.split(","):
+            good = []
+            for b in backends:
+                if b == "reference" or check_against_reference(args, kind, device, b):
+                    good.append(b)
+                else:
+                    wrong.append({"device": device, "kind": kind, "backend": b})
+            seconds, nbytes = time_kind(args, kind, device, good)
+            memory = {} if args.no_memory else {
+                b: measure_memory(argv, kind, device, b) for b in good}
+            rows += summarize(args, device, kind, seconds, nbytes, memory)
+    progress("done")
+    print()
+    print_table(rows, wrong)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "build_info": info, "torch": torch.__version__,
+                       "rows": rows, "wrong": wrong}, f, indent=2)
+    if args.plot:
+        plot(rows, args.plot)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

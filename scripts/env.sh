@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sets up (or reuses) a virtual environment with torch and this package built
+# in place, and prints nothing else but progress. Sourced by bench.sh and test.sh.
+#
+#   FLASHMLA_PERM_VENV   where the environment lives         (default: .venv)
+#   FLASHMLA_PERM_TORCH  torch release to install            (default: 2.13.0, the CPU build;
+#                        2.14.1 is the CUDA 13.0 build and compiles the CUDA kernels)
+#   plus setup.py's switches: FLASHMLA_PERM_CUDA, TORCH_CUDA_ARCH_LIST, CUDA_HOME
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${FLASHMLA_PERM_VENV:-$ROOT/.venv}
+TORCH=${FLASHMLA_PERM_TORCH:-2.13.0}
+PY=$VENV/bin/python
+
+if [ ! -x "$PY" ]; then
+  echo "== creating $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH')" 2>/dev/null; then
+  echo "== installing torch==$TORCH into $VENV"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q "torch==$TORCH"
+fi
+"$PY" -m pip install -q ninja setuptools wheel pytest hypothesis numpy
+
+# The native module is built in place (flashmla_perm/_C*.so), so a stamp
+# records which torch and sources it was built from: another environment or
+# an edited source rebuilds it.
+stamp_now() {
+  (cd "$ROOT" && "$PY" -c "import torch; print(torch.__version__)" &&
+    cat setup.py csrc/* | sha256sum && env | grep -E '^(FLASHMLA_PERM_CUDA|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort || true)
+}
+STAMP=$ROOT/flashmla_perm/.build_stamp
+if [ "$(stamp_now)" != "$(cat "$STAMP" 2>/dev/null)" ] || ! ls "$ROOT"/flashmla_perm/_C*.so >/dev/null 2>&1; then
+  echo "== building flashmla_perm against torch $TORCH (a few minutes)"
+  rm -f "$ROOT"/flashmla_perm/_C*.so "$STAMP"
+  start=$(date +%s)
+  (cd "$ROOT" && "$PY" -m pip install -q --no-build-isolation -e .)
+  echo "== built in $(( $(date +%s) - start ))s"
+  stamp_now > "$STAMP"
+fi
+"$PY" -c "import flashmla_perm; print('== flashmla_perm', flashmla_perm.build_info())"
