@@ -3,7 +3,7 @@
 Switches (environment):
   FLASHMLA_PERM_CUDA=0/1   force the CUDA kernels off / on (default: on when the
                            installed torch has CUDA and nvcc is found)
-  TORCH_CUDA_ARCH_LIST     architectures; default DEFAULT_ARCHS when no GPU is visible
+  TORCH_CUDA_ARCH_LIST     architectures; default csrc/build_config.txt's when no GPU is visible
   CUDA_HOME                toolkit root; default: asked of the nvcc on PATH
 """
 
@@ -17,7 +17,17 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_ARCHS = "8.0;9.0;10.0+PTX"
+
+
+def build_config():
+    """csrc/build_config.txt: flags shared with CMakeLists.txt."""
+    pairs = (l.split("=", 1) for l in (ROOT / "csrc" / "build_config.txt").read_text().splitlines()
+             if "=" in l and not l.lstrip().startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+CONFIG = build_config()
+DEFAULT_ARCHS = CONFIG["default_cuda_archs"]
 
 
 def find_cuda_home():
@@ -75,8 +85,8 @@ def build_extension():
     with_cuda = want_cuda(torch, cuda_home)
     torch_version = torch.__version__.split("+")[0]
     macros = [("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"')]
-    cxx = ["-O3"]
-    nvcc = ["-O3", "-Xptxas=-v"]
+    cxx = CONFIG["cxx_flags"].split()
+    nvcc = CONFIG["nvcc_flags"].split()
     if with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # torch's own detection needs a visible GPU.
