@@ -5,6 +5,8 @@ Switches (environment):
                            installed torch has CUDA and nvcc is found)
   TORCH_CUDA_ARCH_LIST     architectures; default csrc/build_config.txt's when no GPU is visible
   CUDA_HOME                toolkit root; default: asked of the nvcc on PATH
+  FLASHMLA_PERM_SANITIZE   e.g. address,undefined: instrument the host code
+                           (scripts/sanitize.sh builds and tests this way)
 """
 
 import glob
@@ -87,6 +89,12 @@ def build_extension():
     macros = [("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"')]
     cxx = CONFIG["cxx_flags"].split()
     nvcc = CONFIG["nvcc_flags"].split()
+    link = []
+    sanitize = os.environ.get("FLASHMLA_PERM_SANITIZE")
+    if sanitize:
+        flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
+        cxx += flags
+        link += flags
     if with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # torch's own detection needs a visible GPU.
@@ -106,6 +114,7 @@ def build_extension():
         read_sources(with_cuda),
         define_macros=macros,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc} if with_cuda else {"cxx": cxx},
+        extra_link_args=link,
     )
     return [extension], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 

@@ -6,6 +6,8 @@ Same names, signatures and results as the reference functions
 ``torch.ops.flashmla_perm.*``.
 """
 
+import re
+
 import torch
 
 from . import _ops
@@ -75,6 +77,6 @@ def build_info() -> dict:
     if _ops._C is not None:
         built = _ops._C.build_info()
         info["cuda"] = bool(built["cuda"])
-        info["cuda_archs"] = [a for a in built["cuda_archs"].split(";") if a]
+        info["cuda_archs"] = [a for a in re.split(r"[;, ]+", built["cuda_archs"]) if a]
         info["torch"] = built["torch"]
     return info

@@ -28,15 +28,23 @@ fi
 # an edited source rebuilds it.
 stamp_now() {
   (cd "$ROOT" && "$PY" -c "import torch; print(torch.__version__)" &&
-    cat setup.py csrc/* | sha256sum && env | grep -E '^(FLASHMLA_PERM_CUDA|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort || true)
+    cat setup.py csrc/* | sha256sum && env | grep -E '^(FLASHMLA_PERM_CUDA|FLASHMLA_PERM_SANITIZE|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort || true)
 }
 STAMP=$ROOT/flashmla_perm/.build_stamp
 if [ "$(stamp_now)" != "$(cat "$STAMP" 2>/dev/null)" ] || ! ls "$ROOT"/flashmla_perm/_C*.so >/dev/null 2>&1; then
   echo "== building flashmla_perm against torch $TORCH (a few minutes)"
   rm -f "$ROOT"/flashmla_perm/_C*.so "$STAMP"
   start=$(date +%s)
-  (cd "$ROOT" && "$PY" -m pip install -q --no-build-isolation -e .)
-  echo "== built in $(( $(date +%s) - start ))s"
+  # The whole log is kept (CI reads nvcc's resource usage from it).
+  if ! (cd "$ROOT" && "$PY" -m pip install -v --no-build-isolation -e .) > "$VENV/build.log" 2>&1; then
+    tail -n 60 "$VENV/build.log"
+    echo "== build FAILED; full log: $VENV/build.log"
+    exit 1
+  fi
+  echo "== built in $(( $(date +%s) - start ))s (log: $VENV/build.log)"
   stamp_now > "$STAMP"
 fi
-"$PY" -c "import flashmla_perm; print('== flashmla_perm', flashmla_perm.build_info())"
+# (An instrumented module loads only with its sanitizer runtime preloaded.)
+if [ -z "${FLASHMLA_PERM_SANITIZE:-}" ]; then
+  "$PY" -c "import flashmla_perm; print('== flashmla_perm', flashmla_perm.build_info())"
+fi
