@@ -16,6 +16,17 @@ void check_permutable(const at::Tensor& self, const char* op) {
   TORCH_CHECK_VALUE(self.dim() >= 1, op, ": self must have at least 1 dimension, got a 0-D tensor");
 }
 
+// What both model ops ask of their arguments before their own shape rules.
+void check_weight_and_scale(const at::Tensor& weight, const at::Tensor& weight_scale,
+                            int64_t heads, const char* heads_name, const char* op) {
+  check_writable(weight, op, "weight");
+  check_writable(weight_scale, op, "weight_scale");
+  check_dim(weight, 2, op, "weight");
+  check_dim(weight_scale, 2, op, "weight_scale");
+  check_positive(heads, op, heads_name);
+  check_pair(weight, weight_scale, op, "weight", "weight_scale");
+}
+
 void permute_rows_(const at::Tensor& self, const at::Tensor& perm) {
   const char* op = "permute_rows_";
   check_writable(self, op, "self");
@@ -43,12 +54,7 @@ at::Tensor permute_cols(const at::Tensor& self, const at::Tensor& perm) {
 void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
                    int64_t num_local_heads, bool inverse) {
   const char* op = "permute_wq_b_";
-  check_writable(weight, op, "weight");
-  check_writable(weight_scale, op, "weight_scale");
-  check_dim(weight, 2, op, "weight");
-  check_dim(weight_scale, 2, op, "weight_scale");
-  check_positive(num_local_heads, op, "num_local_heads");
-  check_pair(weight, weight_scale, op, "weight", "weight_scale");
+  check_weight_and_scale(weight, weight_scale, num_local_heads, "num_local_heads", op);
   const int64_t rows = weight.size(0);
   TORCH_CHECK_VALUE(rows % num_local_heads == 0, op, ": num_local_heads (", num_local_heads,
                     ") must divide weight.size(0) (", rows, ")");
@@ -65,12 +71,7 @@ void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
 void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
                    int64_t heads_per_group, bool inverse) {
   const char* op = "permute_wo_a_";
-  check_writable(weight, op, "weight");
-  check_writable(weight_scale, op, "weight_scale");
-  check_dim(weight, 2, op, "weight");
-  check_dim(weight_scale, 2, op, "weight_scale");
-  check_positive(heads_per_group, op, "heads_per_group");
-  check_pair(weight, weight_scale, op, "weight", "weight_scale");
+  check_weight_and_scale(weight, weight_scale, heads_per_group, "heads_per_group", op);
   const int64_t cols = weight.size(1);
   TORCH_CHECK_VALUE(cols % heads_per_group == 0, op, ": heads_per_group (", heads_per_group,
                     ") must divide weight.size(1) (", cols, ")");

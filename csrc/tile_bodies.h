@@ -35,14 +35,37 @@ template <> struct VecOf<4> { using type = uint32_t; };
 template <> struct VecOf<2> { using type = uint16_t; };
 template <> struct VecOf<1> { using type = uint8_t; };
 
-template <int V>
-FLASHMLA_PERM_BODY void move_vec(uint8_t* dst, const uint8_t* src) {
-  using T = typename VecOf<V>::type;
-  *reinterpret_cast<T*>(dst) = *reinterpret_cast<const T*>(src);
-}
-
 template <class T>
 FLASHMLA_PERM_BODY T min_of(T a, T b) { return a < b ? a : b; }
+
+// Vectors a thread of a parallel context loads before it stores them.
+constexpr int kBatch = 4;
+
+// Parallel contexts: item i < total moves V bytes from src + s to dst + d,
+// where offsets(i, d, s) says d and s. Items are spread over the threads, and
+// each thread issues kBatch loads before it stores them, so that several are
+// in flight at once. Sources and destinations never overlap.
+template <int V, class Ctx, class Offsets>
+FLASHMLA_PERM_BODY void move_items(Ctx& ctx, uint8_t* dst, const uint8_t* src, uint32_t total,
+                                   Offsets offsets) {
+  using T = typename VecOf<V>::type;
+  const uint32_t stride = ctx.num_threads();
+  for (uint32_t base = ctx.thread(); base < total; base += kBatch * stride) {
+    T v[kBatch];
+    int64_t d[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (base + u * stride < total) {
+        int64_t s;
+        offsets(base + u * stride, d[u], s);
+        v[u] = *reinterpret_cast<const T*>(src + s);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (base + u * stride < total) *reinterpret_cast<T*>(dst + d[u]) = v[u];
+  }
+}
 
 // dst[r * dst_pitch + c] = src[r * src_pitch + c] for r < rows, c < bytes.
 // Parallel contexts need every address, pitch and `bytes` to be a multiple of
@@ -62,12 +85,13 @@ FLASHMLA_PERM_BODY void copy_rect(Ctx& ctx, uint8_t* dst, int64_t dst_pitch,
     // Flatten (row, vector) over the threads so that narrow rows still keep
     // every thread busy.
     const uint32_t per_row = static_cast<uint32_t>(bytes / V);
-    const uint32_t total = static_cast<uint32_t>(rows) * per_row;
-    for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {
-      const uint32_t r = i / per_row;
-      const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-      move_vec<V>(dst + r * dst_pitch + c, src + r * src_pitch + c);
-    }
+    move_items<V>(ctx, dst, src, static_cast<uint32_t>(rows) * per_row,
+                  [=](uint32_t i, int64_t& d, int64_t& s) {
+                    const uint32_t r = i / per_row;
+                    const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
+                    d = r * dst_pitch + c;
+                    s = r * src_pitch + c;
+                  });
   }
 }
 
@@ -215,13 +239,16 @@ FLASHMLA_PERM_BODY void col_gather_tile(Ctx& ctx, const ColParams& p, int64_t ti
   } else {
     const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
-    const uint32_t total = static_cast<uint32_t>(nr) * per_row;
-    for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {
-      const uint32_t r = i / per_row;
-      const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
-      const int64_t s = p.source_offset[b >> p.chunk_shift] + (b & mask);
-      move_vec<V>(dst + r * p.dst_row_stride + b, smem + r * rb + s);
-    }
+    const int32_t* offset = p.source_offset;
+    const int shift = p.chunk_shift;
+    const int64_t dst_stride = p.dst_row_stride;
+    move_items<V>(ctx, dst, smem, static_cast<uint32_t>(nr) * per_row,
+                  [=](uint32_t i, int64_t& d, int64_t& s) {
+                    const uint32_t r = i / per_row;
+                    const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
+                    d = r * dst_stride + b;
+                    s = r * rb + offset[b >> shift] + (b & mask);
+                  });
   }
   ctx.sync();  // the context's next tile reuses the buffer
 }

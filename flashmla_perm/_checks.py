@@ -94,13 +94,18 @@ def permutation(perm: torch.Tensor, extent: int, device: torch.device, op: str) 
     return p
 
 
-def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
+def weight_and_scale(weight, weight_scale, heads, heads_name, op) -> None:
+    """What both model ops ask of their arguments before their own shape rules."""
     writable(weight, op, "weight")
     writable(weight_scale, op, "weight_scale")
     dim(weight, 2, op, "weight")
     dim(weight_scale, 2, op, "weight_scale")
-    positive(num_local_heads, op, "num_local_heads")
+    positive(heads, op, heads_name)
     pair(weight, weight_scale, op, "weight", "weight_scale")
+
+
+def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
+    weight_and_scale(weight, weight_scale, num_local_heads, "num_local_heads", op)
     rows = weight.shape[0]
     if rows % num_local_heads:
         raise ValueError(
@@ -117,12 +122,7 @@ def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
 
 
 def wo_a(weight, weight_scale, heads_per_group, op="permute_wo_a_") -> None:
-    writable(weight, op, "weight")
-    writable(weight_scale, op, "weight_scale")
-    dim(weight, 2, op, "weight")
-    dim(weight_scale, 2, op, "weight_scale")
-    positive(heads_per_group, op, "heads_per_group")
-    pair(weight, weight_scale, op, "weight", "weight_scale")
+    weight_and_scale(weight, weight_scale, heads_per_group, "heads_per_group", op)
     cols = weight.shape[1]
     if cols % heads_per_group:
         raise ValueError(

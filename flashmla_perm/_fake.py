@@ -5,6 +5,7 @@ that bad arguments fail the same way under torch.compile and on meta tensors
 import torch
 
 from . import _checks as checks
+from ._schemas import SCHEMAS
 
 
 def permute_rows_(self, perm):
@@ -38,11 +39,4 @@ def permute_q(q, inverse=False):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-FAKES = {
-    "permute_rows_": permute_rows_,
-    "permute_cols_": permute_cols_,
-    "permute_cols": permute_cols,
-    "permute_wq_b_": permute_wq_b_,
-    "permute_wo_a_": permute_wo_a_,
-    "permute_q": permute_q,
-}
+FAKES = {name: globals()[name] for name in SCHEMAS}

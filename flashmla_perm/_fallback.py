@@ -5,6 +5,7 @@ errors, same bytes as the native ops."""
 import torch
 
 from . import _checks as checks
+from ._schemas import SCHEMAS
 from . import reference as ref
 
 
@@ -49,11 +50,4 @@ def permute_q(q, inverse=False):
     return ref._q(q, inverse)
 
 
-IMPLS = {
-    "permute_rows_": permute_rows_,
-    "permute_cols_": permute_cols_,
-    "permute_cols": permute_cols,
-    "permute_wq_b_": permute_wq_b_,
-    "permute_wo_a_": permute_wo_a_,
-    "permute_q": permute_q,
-}
+IMPLS = {name: globals()[name] for name in SCHEMAS}
