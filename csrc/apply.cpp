@@ -27,6 +27,7 @@ ColTarget col_target(const at::Tensor& src, const at::Tensor& dst, const ColShap
 
 // Runs the native column executor for t's device; false where none applies.
 bool run_cols_native(const ColTarget& target, const ColPlanEntry& entry, const at::Device& device) {
+  if (entry.plan.source_offset.empty()) return false;  // rows too wide for a gather map
   if (device.is_cpu()) {
     run_cols_cpu(target, entry.plan);
     served(Path::kCpu);

@@ -1,5 +1,6 @@
 #include "plan.h"
 
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 
@@ -99,13 +100,15 @@ ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
   plan.chunk_shift = shift;
   const int64_t chunk = int64_t{1} << shift;
   const int64_t row_bytes = n * element_size;
+  plan.perm = std::move(perm);
+  if (row_bytes > INT32_MAX) return plan;  // no gather map: such rows take the ATen path
   plan.source_offset.resize(static_cast<size_t>(row_bytes / chunk));
+  const std::vector<int64_t>& p = plan.perm;
   for (int64_t b = 0; b < row_bytes; b += chunk) {
     const int64_t e = b / element_size;
     plan.source_offset[b / chunk] =
-        static_cast<int32_t>(perm[e] * element_size + (b - e * element_size));
+        static_cast<int32_t>(p[e] * element_size + (b - e * element_size));
   }
-  plan.perm = std::move(perm);
   return plan;
 }
 

@@ -44,7 +44,7 @@ struct ColPlan {
   int64_t cols = 0;
   int64_t element_size = 1;
   int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= kMaxChunk)
-  std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries
+  std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries; empty for rows over 2^31 bytes
   bool identity = false;
   std::vector<int64_t> perm;
 };
