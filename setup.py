@@ -89,7 +89,7 @@ def build_extension():
     macros = [("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"')]
     cxx = CONFIG["cxx_flags"].split()
     nvcc = CONFIG["nvcc_flags"].split()
-    link = []
+    link = CONFIG["link_flags"].split()
     sanitize = os.environ.get("FLASHMLA_PERM_SANITIZE")
     if sanitize:
         flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
