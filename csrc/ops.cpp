@@ -27,6 +27,18 @@ void check_weight_and_scale(const at::Tensor& weight, const at::Tensor& weight_s
   check_pair(weight, weight_scale, op, "weight", "weight_scale");
 }
 
+// weight.size(dim) cut into `heads` heads; their head_dim, a multiple of `chunk`.
+int64_t head_dim_of(const at::Tensor& weight, int64_t dim, int64_t heads, const char* heads_name,
+                    int64_t chunk, const char* op) {
+  const int64_t n = weight.size(dim);
+  TORCH_CHECK_VALUE(n % heads == 0, op, ": ", heads_name, " (", heads, ") must divide weight.size(",
+                    dim, ") (", n, ")");
+  const int64_t head_dim = n / heads;
+  TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": head_dim = weight.size(", dim, ") / ", heads_name,
+                    " = ", head_dim, " must be a multiple of ", chunk);
+  return head_dim;
+}
+
 void permute_rows_(const at::Tensor& self, const at::Tensor& perm) {
   const char* op = "permute_rows_";
   check_writable(self, op, "self");
@@ -56,11 +68,7 @@ void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
   const char* op = "permute_wq_b_";
   check_weight_and_scale(weight, weight_scale, num_local_heads, "num_local_heads", op);
   const int64_t rows = weight.size(0);
-  TORCH_CHECK_VALUE(rows % num_local_heads == 0, op, ": num_local_heads (", num_local_heads,
-                    ") must divide weight.size(0) (", rows, ")");
-  const int64_t head_dim = rows / num_local_heads;
-  TORCH_CHECK_VALUE(head_dim % kQChunk == 0, op, ": head_dim = weight.size(0) / num_local_heads = ",
-                    head_dim, " must be a multiple of ", kQChunk);
+  const int64_t head_dim = head_dim_of(weight, 0, num_local_heads, "num_local_heads", kQChunk, op);
   TORCH_CHECK_VALUE(weight_scale.size(0) == rows, op, ": weight_scale has ", weight_scale.size(0),
                     " rows but weight has ", rows);
   const auto entry = cached_q_row_plan(num_local_heads, head_dim, inverse);
@@ -73,11 +81,7 @@ void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
   const char* op = "permute_wo_a_";
   check_weight_and_scale(weight, weight_scale, heads_per_group, "heads_per_group", op);
   const int64_t cols = weight.size(1);
-  TORCH_CHECK_VALUE(cols % heads_per_group == 0, op, ": heads_per_group (", heads_per_group,
-                    ") must divide weight.size(1) (", cols, ")");
-  const int64_t head_dim = cols / heads_per_group;
-  TORCH_CHECK_VALUE(head_dim % kOChunk == 0, op, ": head_dim = weight.size(1) / heads_per_group = ",
-                    head_dim, " must be a multiple of ", kOChunk);
+  const int64_t head_dim = head_dim_of(weight, 1, heads_per_group, "heads_per_group", kOChunk, op);
   TORCH_CHECK_VALUE(weight_scale.size(0) == weight.size(0) && weight_scale.size(1) == cols / kOChunk,
                     op, ": weight_scale must have shape [", weight.size(0), ", ", cols / kOChunk,
                     "] (one scale per 32 columns of weight), got ", weight_scale.sizes());

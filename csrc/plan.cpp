@@ -35,7 +35,6 @@ int64_t block_size(const int64_t* perm, int64_t n) {
 RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment) {
   RowPlan plan;
   const int64_t n = static_cast<int64_t>(perm.size());
-  plan.rows = n;
   int64_t g = block_size(perm.data(), n);
   int64_t unit = 1;
   for (int64_t d = kMaxUnitRows; d >= 1; --d)
@@ -88,8 +87,6 @@ RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment) {
 ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
   ColPlan plan;
   const int64_t n = static_cast<int64_t>(perm.size());
-  plan.cols = n;
-  plan.element_size = element_size;
   plan.identity = true;
   for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;
   // Chunk: the largest power of two <= kMaxChunk bytes dividing every run of

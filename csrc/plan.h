@@ -28,7 +28,6 @@ int64_t block_size(const int64_t* perm, int64_t n);
 
 // fused = standard[perm] along dim 0, as cycles of units cut into segments.
 struct RowPlan {
-  int64_t rows = 0;
   int64_t unit_rows = 1;
   std::vector<int64_t> order;     // moved units, cycle after cycle
   std::vector<int64_t> segments;  // 3 per segment: first position, length, tail slot
@@ -41,8 +40,6 @@ RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment = kMaxSegme
 // fused = standard[..., perm] along the last dim, for elements of
 // `element_size` bytes, as a byte gather map per destination chunk.
 struct ColPlan {
-  int64_t cols = 0;
-  int64_t element_size = 1;
   int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= kMaxChunk)
   std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries; empty for rows over 2^31 bytes
   bool identity = false;

@@ -104,19 +104,24 @@ def weight_and_scale(weight, weight_scale, heads, heads_name, op) -> None:
     pair(weight, weight_scale, op, "weight", "weight_scale")
 
 
+def head_dim_of(weight, dim_, heads, heads_name, chunk, op) -> int:
+    """weight.size(dim_) cut into `heads` heads; their head_dim, a multiple of `chunk`."""
+    n = weight.shape[dim_]
+    if n % heads:
+        raise ValueError(f"{op}: {heads_name} ({heads}) must divide weight.size({dim_}) ({n})")
+    head_dim = n // heads
+    if head_dim % chunk:
+        raise ValueError(
+            f"{op}: head_dim = weight.size({dim_}) / {heads_name} = {head_dim} must be a "
+            f"multiple of {chunk}"
+        )
+    return head_dim
+
+
 def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
     weight_and_scale(weight, weight_scale, num_local_heads, "num_local_heads", op)
     rows = weight.shape[0]
-    if rows % num_local_heads:
-        raise ValueError(
-            f"{op}: num_local_heads ({num_local_heads}) must divide weight.size(0) ({rows})"
-        )
-    head_dim = rows // num_local_heads
-    if head_dim % Q_CHUNK:
-        raise ValueError(
-            f"{op}: head_dim = weight.size(0) / num_local_heads = {head_dim} must be a "
-            f"multiple of {Q_CHUNK}"
-        )
+    head_dim_of(weight, 0, num_local_heads, "num_local_heads", Q_CHUNK, op)
     if weight_scale.shape[0] != rows:
         raise ValueError(f"{op}: weight_scale has {weight_scale.shape[0]} rows but weight has {rows}")
 
@@ -124,16 +129,7 @@ def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
 def wo_a(weight, weight_scale, heads_per_group, op="permute_wo_a_") -> None:
     weight_and_scale(weight, weight_scale, heads_per_group, "heads_per_group", op)
     cols = weight.shape[1]
-    if cols % heads_per_group:
-        raise ValueError(
-            f"{op}: heads_per_group ({heads_per_group}) must divide weight.size(1) ({cols})"
-        )
-    head_dim = cols // heads_per_group
-    if head_dim % O_CHUNK:
-        raise ValueError(
-            f"{op}: head_dim = weight.size(1) / heads_per_group = {head_dim} must be a "
-            f"multiple of {O_CHUNK}"
-        )
+    head_dim_of(weight, 1, heads_per_group, "heads_per_group", O_CHUNK, op)
     if list(weight_scale.shape) != [weight.shape[0], cols // O_CHUNK]:
         raise ValueError(
             f"{op}: weight_scale must have shape [{weight.shape[0]}, {cols // O_CHUNK}] (one "
