@@ -27,7 +27,9 @@ struct SerialCtx {
   void sync() {}
 };
 
-constexpr int64_t kRowBudget = 512 * 1024;  // two unit buffers: a 16-row unit of 16 KiB rows
+// Row tiles: one thread walks the chain straight from unit to unit and keeps
+// only the saved tail unit in its buffer; slices cap that buffer for wide rows.
+constexpr int64_t kRowBudget = 512 * 1024;
 // Column tiles: the staged rows and the destination lines they are written
 // back to both stay in a 32 KiB L1. Measured on the wo_a TP1 weight (4 KiB
 // rows, 2 threads): 4 KiB tiles ran at 0.67x the time of a plain copy, 8 KiB
