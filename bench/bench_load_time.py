@@ -23,6 +23,7 @@ backend available here.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,8 +31,11 @@ import time
 
 import torch
 
-import flashmla_perm
-from flashmla_perm import reference
+# Run as a script, only bench/ is on sys.path: the repository root goes first,
+# so that the package built in place is the one imported.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import flashmla_perm  # noqa: E402
+from flashmla_perm import reference  # noqa: E402
 
 KINDS = ("wq_b", "wo_a")
 MiB = 1 << 20
@@ -53,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
     p.add_argument("--backends", default="reference,native")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="after the timed passes, one more pass per backend under torch.profiler: "
+                        "each kernel's launches, total and mean device time per op (CPU: top-level ops)")
     p.add_argument("--json", metavar="PATH", help="write every number here")
     p.add_argument("--plot", metavar="PATH", help="PNG of time per model (needs matplotlib)")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
@@ -171,7 +178,78 @@ def time_kind(args, kind, device, backends):
         for name, fn in fns.items():  # interleaved, so drift hits every backend alike
             progress(f"[{device} {kind}] pass {rep + 1}/{args.reps}: {name}")
             seconds[name].append(timer.pass_seconds(fn, layers))
-    return seconds, layer_bytes(layers[0])
+    kernels = kernel_times(device, kind, fns, layers) if args.kernel_times else []
+    return seconds, layer_bytes(layers[0]), kernels
+
+
+# --------------------------------------------------------------------------- kernel times
+
+def short_kernel_name(name):
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"\(anonymous namespace\)::|flashmla_perm::|at::native::", "", name)
+    return re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)  # the parameter list
+
+
+def kernel_times(device, kind, fns, layers):
+    """One extra pass over `layers` per backend under torch.profiler, apart
+    from the timed passes (whose numbers it does not touch). On CUDA: every
+    device activity (kernels, memcpy, memset) by name, with its launches, total
+    and mean device time, per op call (one call per layer). On the CPU: the
+    top-level ops, by CPU time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    rows = []
+    for name, fn in fns.items():
+        progress(f"[{device} {kind}] kernel times: {name}")
+        try:
+            with profile(activities=activities) as prof:
+                for layer in layers:
+                    fn(layer)
+                if cuda:
+                    torch.cuda.synchronize()
+            events = prof.events()
+        except Exception as e:  # a profiler without CUPTI, say: report it, time nothing
+            rows.append({"device": device, "kind": kind, "backend": name, "error": f"{type(e).__name__}: {e}"})
+            continue
+        totals = {}
+        for e in events:
+            if (e.device_type == DeviceType.CUDA) if cuda else (e.cpu_parent is None):
+                count, us = totals.get(e.name, (0, 0.0))
+                totals[e.name] = (count + 1, us + e.time_range.elapsed_us())
+        if not totals:
+            rows.append({"device": device, "kind": kind, "backend": name,
+                         "error": "no device activity recorded (is CUPTI available?)" if cuda else "no ops recorded"})
+        for kernel, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            rows.append({
+                "device": device, "kind": kind, "backend": name, "kernel": kernel,
+                "time": "device" if cuda else "cpu", "launches": count, "ops": len(layers),
+                "launches_per_op": count / len(layers), "total_us_per_op": us / len(layers),
+                "mean_us": us / count,
+            })
+    return rows
+
+
+def print_kernel_times(rows, top=6):
+    print()
+    print(f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
+          f"the {top} longest of each, all in --json)")
+    head = f"{'device':6} {'kind':5} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
+    print(head)
+    print("-" * len(head))
+    shown = {}
+    for r in rows:
+        key = (r["device"], r["kind"], r["backend"])
+        shown[key] = shown.get(key, 0) + 1
+        if shown[key] > top:
+            continue
+        if "error" in r:
+            print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['error']}")
+            continue
+        print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['launches_per_op']:9.2f} "
+              f"{r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  {short_kernel_name(r['kernel'])}")
 
 
 # --------------------------------------------------------------------------- memory
@@ -287,7 +365,7 @@ def main(argv=None):
           f"weights {args.weight_dtype}, scales {args.scale_dtype}; median of {args.reps} passes")
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
-    rows, wrong = [], []
+    rows, wrong, kernels = [], [], []
     for device in devices:
         for kind in args.kinds.split(","):
             good = []
@@ -296,17 +374,20 @@ def main(argv=None):
                     good.append(b)
                 else:
                     wrong.append({"device": device, "kind": kind, "backend": b})
-            seconds, nbytes = time_kind(args, kind, device, good)
+            seconds, nbytes, kernel_rows = time_kind(args, kind, device, good)
+            kernels += kernel_rows
             memory = {} if args.no_memory else {
                 b: measure_memory(argv, kind, device, b) for b in good}
             rows += summarize(args, device, kind, seconds, nbytes, memory)
     progress("done")
     print()
     print_table(rows, wrong)
+    if args.kernel_times:
+        print_kernel_times(kernels)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "build_info": info, "torch": torch.__version__,
-                       "rows": rows, "wrong": wrong}, f, indent=2)
+                       "rows": rows, "wrong": wrong, "kernel_times": kernels}, f, indent=2)
     if args.plot:
         plot(rows, args.plot)
     return 1 if wrong else 0

@@ -8,7 +8,6 @@
 #include <memory>
 
 #include "executors.h"
-#include "tiling.h"
 
 // at::parallel_for is a header template: with torch's OpenMP backend it runs
 // its chunks on several threads only where this file is built with OpenMP.
@@ -25,17 +24,10 @@ struct SerialCtx {
   int thread() const { return 0; }
   int num_threads() const { return 1; }
   void sync() {}
+  template <int V>
+  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
+  void stage_wait() {}
 };
-
-// Row tiles: one thread walks the chain straight from unit to unit and keeps
-// only the saved tail unit in its buffer; slices cap that buffer for wide rows.
-constexpr int64_t kRowBudget = 512 * 1024;
-// Column tiles: the staged rows and the destination lines they are written
-// back to both stay in a 32 KiB L1. Measured on the wo_a TP1 weight (4 KiB
-// rows, 2 threads): 4 KiB tiles ran at 0.67x the time of a plain copy, 8 KiB
-// at 0.75-0.78x, 16 KiB at 0.82-0.84x, 32 KiB at 0.77x.
-constexpr int64_t kColBudget = 4 * 1024;
-constexpr int64_t kStep = 1;
 
 // A tile's private buffer, 64-byte aligned.
 struct Buffer {
@@ -59,40 +51,36 @@ void with_chunk_bytes(int bytes, F&& f) {
 
 }  // namespace
 
-void run_rows_cpu(const RowTarget& target, const RowPlan& plan) {
+void run_rows_cpu(const UnitView& view, const RowPlan& plan) {
   if (plan.num_segments == 0) return;
-  const RowTiling tiling = row_tiling(plan.unit_rows, target.row_bytes, kStep, kRowBudget);
+  int64_t buffer_bytes = 0;
+  RowJob p = cpu_row_job(view, plan, &buffer_bytes);
   at::Tensor scratch;
-  if (plan.num_scratch > 0)
-    scratch = at::empty({plan.num_scratch * plan.unit_rows * target.row_bytes}, at::kByte);
-  const RowParams p{target.data,        target.row_stride, target.row_bytes,
-                    plan.unit_rows,     plan.order.data(), plan.segments.data(),
-                    plan.num_scratch > 0 ? scratch.data_ptr<uint8_t>() : nullptr,
-                    tiling.slice_bytes, tiling.num_slices, tiling.step};
-  at::parallel_for(0, plan.num_scratch * p.num_slices, 1, [&](int64_t begin, int64_t end) {
+  if (plan.num_scratch > 0) {
+    scratch = at::empty({plan.num_scratch * view.lines * view.line_bytes}, at::kByte);
+    p.scratch = scratch.data_ptr<uint8_t>();
+  }
+  at::parallel_for(0, p.head_tiles, 1, [&](int64_t begin, int64_t end) {
     SerialCtx ctx;
     for (int64_t t = begin; t < end; ++t) save_segment_head<1>(ctx, p, t);
   });
-  at::parallel_for(0, plan.num_segments * p.num_slices, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.tiles, 1, [&](int64_t begin, int64_t end) {
     SerialCtx ctx;
-    Buffer smem(tiling.smem_bytes);
-    for (int64_t t = begin; t < end; ++t) row_segment_tile<1>(ctx, p, t, smem.data);
+    Buffer buf(buffer_bytes);
+    for (int64_t t = begin; t < end; ++t) row_segment_tile<1>(ctx, p, t, buf.data);
   });
 }
 
-void run_cols_cpu(const ColTarget& target, const ColPlan& plan) {
-  if (target.rows == 0 || target.row_bytes == 0) return;
-  const int64_t tile_rows = std::max<int64_t>(1, col_tile_rows(target.row_bytes, target.rows, kColBudget));
-  const ColParams p{target.src,  target.dst, target.src_row_stride, target.dst_row_stride,
-                    target.rows, target.row_bytes, plan.source_offset.data(), plan.chunk_shift,
-                    tile_rows};
-  const int64_t tiles = (target.rows + tile_rows - 1) / tile_rows;
+void run_cols_cpu(const ColView& view, const ColPlan& plan) {
+  if (view.rows == 0 || view.row_bytes == 0) return;
+  int64_t buffer_bytes = 0;
+  const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
   // Host loads and stores need no alignment: move whole chunks.
-  with_chunk_bytes(1 << plan.chunk_shift, [&](auto v) {
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  with_chunk_bytes(p.vec, [&](auto v) {
+    at::parallel_for(0, p.tiles, 1, [&](int64_t begin, int64_t end) {
       SerialCtx ctx;
-      Buffer smem(tile_rows * target.row_bytes);
-      for (int64_t t = begin; t < end; ++t) col_gather_tile<decltype(v)::value>(ctx, p, t, smem.data);
+      Buffer buf(buffer_bytes);
+      for (int64_t t = begin; t < end; ++t) col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data);
     });
   });
 }

@@ -1,13 +1,18 @@
-// CUDA executor: one CTA per tile (grid-stride over tiles), shared memory as
-// the tile buffer, 128-bit moves where every address and pitch allows them.
-// Launches go to the current stream of the tensor's device.
+// CUDA executor: three kernels (row segments, their save pass, column
+// gathers), each a grid-stride loop over the tiles of up to two jobs, so a
+// model op's weight and scale go in one launch. launch.h sizes everything;
+// this file only queries the device, allocates scratch and launches on the
+// current stream.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <mutex>
+#include <type_traits>
+
 #include "executors.h"
-#include "tiling.h"
 
 namespace flashmla_perm {
 namespace {
@@ -17,89 +22,172 @@ struct CudaCtx {
   __device__ int thread() const { return threadIdx.x; }
   __device__ int num_threads() const { return blockDim.x; }
   __device__ void sync() { __syncthreads(); }
+  // 4, 8 and 16 bytes go global -> shared with cp.async (sm_80+): no
+  // register holds them, so a thread can have its whole share of a tile in
+  // flight. Narrower ones go through a register.
+  template <int V>
+  __device__ void stage(uint8_t* buf, const uint8_t* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (V >= 4) {
+      const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(buf));
+      if constexpr (V == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+      else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(V) : "memory");
+      return;
+    }
+#endif
+    *reinterpret_cast<typename VecOf<V>::type*>(buf) = load_vec<V>(src);
+  }
+  __device__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+  }
 };
 
-constexpr int kThreads = 256;
-constexpr int64_t kRowBudget = 40 * 1024;  // under the 48 KiB default: no opt-in attribute
-constexpr int64_t kColBudget = 32 * 1024;  // several CTAs per SM
-constexpr int64_t kStep = 4;               // unit slices in flight per CTA
-constexpr int64_t kMaxGrid = 1 << 20;
+template <class Job>
+struct Jobs {
+  Job job[kMaxJobs];
+  int num;
+};
 
-template <int V>
-__global__ void __launch_bounds__(kThreads) save_heads_kernel(RowParams p, int64_t tiles) {
-  CudaCtx ctx;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) save_segment_head<V>(ctx, p, t);
+// Tile t of the launch: job 0's tiles first, then job 1's. Each job is read
+// in place from the kernel's parameters (two inlined copies of the body): a
+// copy selected at run time would hold the whole job in registers, and an
+// indexed parameter would need a stack frame.
+template <class Job, class TilesOf, class Body>
+__device__ __forceinline__ void for_each_tile(const Jobs<Job>& p, TilesOf tiles_of, Body&& body) {
+  const int64_t split = tiles_of(p.job[0]);
+  const int64_t total = split + (p.num > 1 ? tiles_of(p.job[1]) : 0);
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    if (t < split)
+      body(p.job[0], t);
+    else
+      body(p.job[1], t - split);
+  }
 }
 
-template <int V>
-__global__ void __launch_bounds__(kThreads) row_kernel(RowParams p, int64_t tiles) {
+struct AllTiles {
+  template <class Job>
+  __device__ int64_t operator()(const Job& j) const { return j.tiles; }
+};
+struct HeadTiles {
+  __device__ int64_t operator()(const RowJob& j) const { return j.head_tiles; }
+};
+
+__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_rows(Jobs<RowJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x)
-    row_segment_tile<V>(ctx, p, t, reinterpret_cast<uint8_t*>(smem));
+  for_each_tile(p, AllTiles{}, [&](const RowJob& job, int64_t tile) {
+    with_vector_width(job.vec, [&](auto v) {
+      row_segment_tile<decltype(v)::value>(ctx, job, tile, reinterpret_cast<uint8_t*>(smem));
+    });
+  });
 }
 
-template <int V>
-__global__ void __launch_bounds__(kThreads) col_kernel(ColParams p, int64_t tiles) {
+__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_save_heads(Jobs<RowJob> p) {
+  CudaCtx ctx;
+  for_each_tile(p, HeadTiles{}, [&](const RowJob& job, int64_t tile) {
+    with_vector_width(job.vec, [&](auto v) { save_segment_head<decltype(v)::value>(ctx, job, tile); });
+  });
+}
+
+// Staged and direct tiles in kernels of their own (a launch's jobs are all
+// one or the other): one body each keeps the registers down.
+template <bool kStaged>
+__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x)
-    col_gather_tile<V>(ctx, p, t, reinterpret_cast<uint8_t*>(smem));
+  for_each_tile(p, AllTiles{}, [&](const ColJob& job, int64_t tile) {
+    with_vector_width(job.vec, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      uint8_t* buf = reinterpret_cast<uint8_t*>(smem);
+      if constexpr (kStaged)
+        col_staged_tile<V>(ctx, job, tile, buf);
+      else
+        col_direct_tile<V>(ctx, job, tile, buf);
+    });
+  });
 }
 
-unsigned grid_for(int64_t tiles) { return static_cast<unsigned>(std::min(tiles, kMaxGrid)); }
+void launch(const Launch& l, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(l.grid)), block(static_cast<unsigned>(l.threads));
+  if (l.kernel == Kernel::kCols) {
+    Jobs<ColJob> p{{l.cols[0], l.cols[1]}, l.num_jobs};
+    if (l.cols[0].staged)
+      flashmla_perm_cols<true><<<grid, block, l.smem_bytes, stream>>>(p);
+    else
+      flashmla_perm_cols<false><<<grid, block, l.smem_bytes, stream>>>(p);
+  } else {
+    Jobs<RowJob> p{{l.rows[0], l.rows[1]}, l.num_jobs};
+    if (l.kernel == Kernel::kRows)
+      flashmla_perm_rows<<<grid, block, l.smem_bytes, stream>>>(p);
+    else
+      flashmla_perm_save_heads<<<grid, block, 0, stream>>>(p);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
 }  // namespace
 
-void run_rows_cuda(const RowTarget& target, const RowPlan& plan, const int64_t* order,
-                   const int64_t* segments, c10::Device device) {
-  if (plan.num_segments == 0) return;
+DeviceSpec cuda_device_spec(c10::Device device) {
+  // Queried once per device: no driver call on the hot path.
+  static std::mutex mu;
+  static std::vector<std::pair<int, DeviceSpec>> specs;
+  const int index = device.index();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [i, s] : specs)
+    if (i == index) return s;
   const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const RowTiling tiling = row_tiling(plan.unit_rows, target.row_bytes, kStep, kRowBudget);
-  at::Tensor scratch;
-  if (plan.num_scratch > 0)
-    scratch = at::empty({plan.num_scratch * plan.unit_rows * target.row_bytes},
-                        at::TensorOptions().dtype(at::kByte).device(device));
-  const RowParams p{target.data,        target.row_stride, target.row_bytes,
-                    plan.unit_rows,     order,             segments,
-                    plan.num_scratch > 0 ? scratch.data_ptr<uint8_t>() : nullptr,
-                    tiling.slice_bytes, tiling.num_slices, tiling.step};
-  const int v = vector_width({reinterpret_cast<int64_t>(target.data), target.row_stride,
-                              target.row_bytes, tiling.slice_bytes});
-  with_vector_width(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    const int64_t head_tiles = plan.num_scratch * p.num_slices;
-    if (head_tiles > 0) {
-      save_heads_kernel<V><<<grid_for(head_tiles), kThreads, 0, stream>>>(p, head_tiles);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    const int64_t tiles = plan.num_segments * p.num_slices;
-    row_kernel<V><<<grid_for(tiles), kThreads, tiling.smem_bytes, stream>>>(p, tiles);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  cudaDeviceProp prop;
+  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  DeviceSpec s;
+  s.sm_count = prop.multiProcessorCount;
+  s.smem_per_sm = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
+  s.smem_reserved_per_cta = static_cast<int64_t>(prop.reservedSharedMemPerBlock);
+  s.threads_per_sm = prop.maxThreadsPerMultiProcessor;
+  s.regs_per_sm = prop.regsPerMultiprocessor;
+  s.max_ctas_per_sm = prop.maxBlocksPerMultiProcessor;
+  auto regs_of = [](const void* kernel) {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.numRegs;
+  };
+  s.regs[static_cast<int>(Kernel::kRows)] = regs_of(reinterpret_cast<const void*>(&flashmla_perm_rows));
+  s.regs[static_cast<int>(Kernel::kSaveHeads)] =
+      regs_of(reinterpret_cast<const void*>(&flashmla_perm_save_heads));
+  s.regs[static_cast<int>(Kernel::kCols)] =
+      std::max(regs_of(reinterpret_cast<const void*>(&flashmla_perm_cols<true>)),
+               regs_of(reinterpret_cast<const void*>(&flashmla_perm_cols<false>)));
+  specs.emplace_back(index, s);
+  return s;
 }
 
-bool cols_fit_cuda(int64_t row_bytes) { return row_bytes <= kColBudget; }
+bool cuda_capturing(c10::Device device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 
-void run_cols_cuda(const ColTarget& target, const ColPlan& plan, const int32_t* source_offset,
-                   c10::Device device) {
-  if (target.rows == 0 || target.row_bytes == 0) return;
+void run_cuda(std::vector<Launch> launches, c10::Device device,
+              const std::vector<at::Tensor>& arrays) {
+  if (launches.empty()) return;
   const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const int64_t tile_rows = col_tile_rows(target.row_bytes, target.rows, kColBudget);
-  const ColParams p{target.src,  target.dst, target.src_row_stride, target.dst_row_stride,
-                    target.rows, target.row_bytes, source_offset, plan.chunk_shift, tile_rows};
-  const int v = vector_width({reinterpret_cast<int64_t>(target.src),
-                              reinterpret_cast<int64_t>(target.dst), target.src_row_stride,
-                              target.dst_row_stride, target.row_bytes,
-                              int64_t{1} << plan.chunk_shift});
-  const int64_t tiles = (target.rows + tile_rows - 1) / tile_rows;
-  with_vector_width(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    col_kernel<V><<<grid_for(tiles), kThreads, tile_rows * target.row_bytes, stream>>>(p, tiles);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  // Scratch from the caching allocator, on this stream: freed (for reuse by
+  // this stream's later work) when this function returns.
+  std::vector<at::Tensor> scratch;
+  for (int j = 0; j < launches.front().num_jobs; ++j) {
+    const int64_t bytes = launches.front().scratch_bytes[j];
+    if (bytes == 0) continue;
+    scratch.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device)));
+    set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
+  }
+  for (const Launch& l : launches)
+    if (l.tiles > 0) launch(l, stream.stream());
+  for (const at::Tensor& a : arrays)
+    c10::cuda::CUDACachingAllocator::recordStream(a.storage().data_ptr(), stream);
 }
 
 }  // namespace flashmla_perm

@@ -6,11 +6,15 @@
 
 #include <optional>
 
-#include "executors.h"
-
 namespace flashmla_perm {
 
-// Rows along dim 0, each row one contiguous block that no other row overlaps.
+// Rows along dim 0, each row one contiguous block that no other row overlaps:
+// row r starts at data + r * row_stride and is row_bytes contiguous bytes.
+struct RowTarget {
+  uint8_t* data;
+  int64_t row_stride;
+  int64_t row_bytes;
+};
 std::optional<RowTarget> row_target(const at::Tensor& t);
 
 // Rows of the last dim: last dim contiguous, leading dims collapse into one

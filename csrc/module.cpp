@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "apply.h"
+#include "launch_info.h"
 #include "plan_cache.h"
 
 #ifndef FLASHMLA_PERM_CUDA_ARCHS
@@ -11,6 +12,12 @@
 #endif
 #ifndef FLASHMLA_PERM_TORCH_VERSION
 #define FLASHMLA_PERM_TORCH_VERSION "unknown"
+#endif
+#ifndef FLASHMLA_PERM_TORCH_BUILD  // torch.__version__ in full, e.g. "2.9.1+cu128"
+#define FLASHMLA_PERM_TORCH_BUILD FLASHMLA_PERM_TORCH_VERSION
+#endif
+#ifndef FLASHMLA_PERM_CUDA_OFF_REASON  // why the CUDA kernels are off; "" when on
+#define FLASHMLA_PERM_CUDA_OFF_REASON "unknown (built without a reason)"
 #endif
 
 namespace {
@@ -22,8 +29,13 @@ constexpr bool kWithCuda = false;
 #endif
 
 PyObject* build_info(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:O,s:s,s:s}", "cuda", kWithCuda ? Py_True : Py_False, "cuda_archs",
-                       FLASHMLA_PERM_CUDA_ARCHS, "torch", FLASHMLA_PERM_TORCH_VERSION);
+  // The stamp lies in the binary as one literal: flashmla_perm/_ops.py reads
+  // it from the file when the module fails to load (built for another torch).
+  static const char stamp[] = "flashmla_perm built for torch " FLASHMLA_PERM_TORCH_BUILD;
+  return Py_BuildValue("{s:O,s:s,s:s,s:s,s:s}", "cuda", kWithCuda ? Py_True : Py_False,
+                       "cuda_archs", FLASHMLA_PERM_CUDA_ARCHS, "torch", FLASHMLA_PERM_TORCH_VERSION,
+                       "cuda_off_reason", kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON, "stamp",
+                       stamp);
 }
 
 PyObject* path_counts(PyObject*, PyObject*) {
@@ -42,6 +54,8 @@ PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "What this module was built with."},
     {"path_counts", path_counts, METH_NOARGS, "Calls served by each path (cpu, cuda, aten)."},
     {"cached_plans", cached_plans, METH_NOARGS, "Model-level plans held by the cache."},
+    {"gpu_launches", flashmla_perm::gpu_launches_py, METH_VARARGS,
+     "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "flashmla_perm native ops", -1, methods};

@@ -44,7 +44,7 @@ void permute_rows_(const at::Tensor& self, const at::Tensor& perm) {
   check_writable(self, op, "self");
   check_permutable(self, op);
   std::vector<int64_t> values = host_permutation(perm, self.size(0), self.device(), op);
-  apply_rows(self, RowPlanEntry(make_row_plan(std::move(values))));
+  apply_rows({self}, std::make_shared<const RowPlanEntry>(make_row_plan(std::move(values))));
 }
 
 void permute_cols_(const at::Tensor& self, const at::Tensor& perm) {
@@ -52,7 +52,7 @@ void permute_cols_(const at::Tensor& self, const at::Tensor& perm) {
   check_writable(self, op, "self");
   check_permutable(self, op);
   std::vector<int64_t> values = host_permutation(perm, self.size(-1), self.device(), op);
-  apply_cols(self, ColPlanEntry(make_col_plan(std::move(values), self.element_size())));
+  apply_cols({{self, std::make_shared<const ColPlanEntry>(make_col_plan(std::move(values), self.element_size()))}});
 }
 
 at::Tensor permute_cols(const at::Tensor& self, const at::Tensor& perm) {
@@ -60,7 +60,7 @@ at::Tensor permute_cols(const at::Tensor& self, const at::Tensor& perm) {
   check_defined(self, op, "self");
   check_permutable(self, op);
   std::vector<int64_t> values = host_permutation(perm, self.size(-1), self.device(), op);
-  return applied_cols(self, ColPlanEntry(make_col_plan(std::move(values), self.element_size())));
+  return applied_cols(self, std::make_shared<const ColPlanEntry>(make_col_plan(std::move(values), self.element_size())));
 }
 
 void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
@@ -72,8 +72,7 @@ void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
   TORCH_CHECK_VALUE(weight_scale.size(0) == rows, op, ": weight_scale has ", weight_scale.size(0),
                     " rows but weight has ", rows);
   const auto entry = cached_q_row_plan(num_local_heads, head_dim, inverse);
-  apply_rows(weight, *entry);
-  apply_rows(weight_scale, *entry);
+  apply_rows({weight, weight_scale}, entry);  // one launch on CUDA
 }
 
 void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
@@ -88,8 +87,7 @@ void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
   const auto w = cached_col_plan(ColKind::kO, heads_per_group, head_dim, weight.element_size(), inverse);
   const auto s = cached_col_plan(ColKind::kOChunk, heads_per_group, head_dim,
                                  weight_scale.element_size(), inverse);
-  apply_cols(weight, *w);
-  apply_cols(weight_scale, *s);
+  apply_cols({{weight, w}, {weight_scale, s}});  // one launch on CUDA
 }
 
 at::Tensor permute_q(const at::Tensor& q, bool inverse) {
@@ -101,7 +99,7 @@ at::Tensor permute_q(const at::Tensor& q, bool inverse) {
                     " must be a multiple of ", kQChunk);
   if (q.numel() == 0) return at::empty(q.sizes(), q.options());
   const auto entry = cached_col_plan(ColKind::kQ, heads, head_dim, q.element_size(), inverse);
-  return applied_cols(q.reshape({n, heads * head_dim}), *entry).view({n, heads, head_dim});
+  return applied_cols(q.reshape({n, heads * head_dim}), entry).view({n, heads, head_dim});
 }
 
 }  // namespace

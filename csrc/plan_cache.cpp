@@ -82,6 +82,20 @@ RowPlanEntry::RowPlanEntry(RowPlan p)
 ColPlanEntry::ColPlanEntry(ColPlan p)
     : plan(std::move(p)), arrays(host_array<int32_t>({&plan.source_offset}, at::kInt)) {}
 
+const RowPlanEntry& ColPlanEntry::units() const {
+  std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(plan.perm)); });
+  return *units_;
+}
+
+void keep_for_graphs(std::shared_ptr<const void> entry) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<const void>>();  // never destroyed, as the caches
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& e : *kept)
+    if (e == entry) return;
+  kept->push_back(std::move(entry));
+}
+
 std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim,
                                                       bool inverse) {
   return row_cache().get({num_heads, head_dim, inverse}, [&] {

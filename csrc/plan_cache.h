@@ -37,6 +37,13 @@ struct ColPlanEntry {
   explicit ColPlanEntry(ColPlan p);
   ColPlan plan;
   DeviceCopies arrays;  // source_offset (int32)
+  // The permutation as a row plan over blocks of columns, for in-place
+  // gathers of rows too wide for a GPU tile buffer; built on first use.
+  const RowPlanEntry& units() const;
+
+ private:
+  mutable std::once_flag units_once_;
+  mutable std::unique_ptr<RowPlanEntry> units_;
 };
 
 enum class ColKind { kQ, kO, kOChunk };
@@ -45,6 +52,10 @@ std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t
                                                       bool inverse);
 std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads, int64_t head_dim,
                                                     int64_t element_size, bool inverse);
+// Keeps an entry alive for good: a captured CUDA graph replays kernels that
+// read its device arrays long after the call that captured them.
+void keep_for_graphs(std::shared_ptr<const void> entry);
+
 // Entries held by each cache (for tests of the bound).
 int64_t cached_plan_count();
 constexpr int64_t kPlanCacheCapacity = 64;

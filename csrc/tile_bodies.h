@@ -1,13 +1,21 @@
 // Tile bodies: the only code that moves bytes. Written once, compiled by nvcc
-// (CUDA threads, __syncthreads) and by the host compiler (one thread per tile,
-// or std::threads with a std::barrier in the host harness). No ATen in here:
-// plain pointers, sizes and strides in small params structs.
+// (CUDA threads, __syncthreads, cp.async) and by the host compiler (one thread
+// per tile, or std::threads with a std::barrier in the host harness). No ATen
+// in here: plain pointers, sizes and strides in small params structs.
 //
 // An execution context `Ctx` provides:
-//   static constexpr bool kSerial;  // one thread runs the whole tile
-//   int thread() const;             // this thread's index in the tile
+//   static constexpr bool kSerial;          // one thread runs the whole tile
+//   int thread() const;                     // this thread's index in the tile
 //   int num_threads() const;
-//   void sync();                    // barrier across the tile's threads
+//   void sync();                            // barrier across the tile's threads
+//   template <int V> void stage(uint8_t* buf, const uint8_t* src);
+//                                           // buf <- src, V bytes, may be asynchronous
+//   void stage_wait();                      // this thread's stages have landed
+//
+// Parallel tiles all follow one pattern: stage every byte the tile reads into
+// its buffer (all loads in flight at once: cp.async on a GPU, so no register
+// holds them), wait, barrier, then store from the buffer. Serial tiles (the
+// CPU executor) take shortcuts that suit one core (see each body).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +23,12 @@
 
 #if defined(__CUDACC__)
 #define FLASHMLA_PERM_BODY __device__ __forceinline__
+#define FLASHMLA_PERM_HOST_DEVICE __host__ __device__ __forceinline__
+#define FLASHMLA_PERM_UNROLL _Pragma("unroll")
 #else
 #define FLASHMLA_PERM_BODY inline
+#define FLASHMLA_PERM_HOST_DEVICE inline
+#define FLASHMLA_PERM_UNROLL
 #endif
 
 namespace flashmla_perm {
@@ -38,156 +50,247 @@ template <> struct VecOf<1> { using type = uint8_t; };
 template <class T>
 FLASHMLA_PERM_BODY T min_of(T a, T b) { return a < b ? a : b; }
 
-// Vectors a thread of a parallel context loads before it stores them.
+// Vectors a thread of a parallel context reads before it stores them (the
+// buffer-to-memory half of a tile; its loads come from the tile buffer).
 constexpr int kBatch = 4;
 
-// Parallel contexts: item i < total moves V bytes from src + s to dst + d,
-// where offsets(i, d, s) says d and s. Items are spread over the threads, and
-// each thread issues kBatch loads before it stores them, so that several are
-// in flight at once. Sources and destinations never overlap.
-template <int V, class Ctx, class Offsets>
-FLASHMLA_PERM_BODY void move_items(Ctx& ctx, uint8_t* dst, const uint8_t* src, uint32_t total,
-                                   Offsets offsets) {
+template <int V>
+FLASHMLA_PERM_BODY typename VecOf<V>::type load_vec(const uint8_t* p) {
+  return *reinterpret_cast<const typename VecOf<V>::type*>(p);
+}
+
+// The V bytes at byte b (a multiple of V) of a gathered row: destination
+// chunk j of the row comes from row + offset[j], chunks of 1 << shift bytes.
+// Chunks narrower than V (the per-32-column scales: 1 byte) are assembled
+// into one vector, so the store is still V bytes wide.
+template <int V>
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const int32_t* offset,
+                                                      int shift, int64_t b) {
+  using T = typename VecOf<V>::type;
+  if ((1 << shift) >= V) return load_vec<V>(row + offset[b >> shift] + (b & ((int64_t{1} << shift) - 1)));
+  T v;
+  const int32_t* off = offset + (b >> shift);
+  auto pieces = [&](auto piece) {
+    using P = decltype(piece);
+    constexpr int kPieces = V / sizeof(P);
+    P* out = reinterpret_cast<P*>(&v);
+    FLASHMLA_PERM_UNROLL
+    for (int j = 0; j < kPieces; ++j) out[j] = *reinterpret_cast<const P*>(row + off[j]);
+  };
+  if constexpr (V >= 16) {
+    if (shift == 3) { pieces(uint64_t{}); return v; }
+  }
+  if constexpr (V >= 8) {
+    if (shift == 2) { pieces(uint32_t{}); return v; }
+  }
+  if constexpr (V >= 4) {
+    if (shift == 1) { pieces(uint16_t{}); return v; }
+  }
+  pieces(uint8_t{});
+  return v;
+}
+
+// Parallel contexts: item i < total is V bytes; addr(i, buf, src) says where
+// it goes in the tile buffer and where it comes from. All items are staged
+// before anyone waits, so the whole tile is in flight at once.
+template <int V, class Ctx, class Addr>
+FLASHMLA_PERM_BODY void stage_items(Ctx& ctx, uint32_t total, Addr addr) {
+  for (uint32_t i = ctx.thread(); i < total; i += ctx.num_threads()) {
+    uint8_t* buf;
+    const uint8_t* src;
+    addr(i, buf, src);
+    ctx.template stage<V>(buf, src);
+  }
+}
+
+// Parallel contexts: item i < total stores value(i, dst) (V bytes) at dst.
+// Each thread reads Batch values before it stores them (a value assembled
+// from pieces already has V / piece loads in flight: Batch 1).
+template <int V, int Batch = kBatch, class Ctx, class Value>
+FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, Value value) {
   using T = typename VecOf<V>::type;
   const uint32_t stride = ctx.num_threads();
-  for (uint32_t base = ctx.thread(); base < total; base += kBatch * stride) {
-    T v[kBatch];
-    int64_t d[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (base + u * stride < total) {
-        int64_t s;
-        offsets(base + u * stride, d[u], s);
-        v[u] = *reinterpret_cast<const T*>(src + s);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (base + u * stride < total) *reinterpret_cast<T*>(dst + d[u]) = v[u];
+  for (uint32_t base = ctx.thread(); base < total; base += Batch * stride) {
+    T v[Batch];
+    uint8_t* d[Batch];
+    FLASHMLA_PERM_UNROLL
+    for (int u = 0; u < Batch; ++u)
+      if (base + u * stride < total) v[u] = value(base + u * stride, d[u]);
+    FLASHMLA_PERM_UNROLL
+    for (int u = 0; u < Batch; ++u)
+      if (base + u * stride < total) *reinterpret_cast<T*>(d[u]) = v[u];
   }
 }
 
-// dst[r * dst_pitch + c] = src[r * src_pitch + c] for r < rows, c < bytes.
-// Parallel contexts need every address, pitch and `bytes` to be a multiple of
-// V; `rows * bytes / V` fits 32 bits (a tile, never a whole tensor).
-template <int V, class Ctx>
-FLASHMLA_PERM_BODY void copy_rect(Ctx& ctx, uint8_t* dst, int64_t dst_pitch,
-                                  const uint8_t* src, int64_t src_pitch,
-                                  int64_t rows, int64_t bytes) {
-  if constexpr (Ctx::kSerial) {
-    if (dst_pitch == bytes && src_pitch == bytes) {
-      std::memcpy(dst, src, static_cast<size_t>(rows * bytes));
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * dst_pitch, src + r * src_pitch, static_cast<size_t>(bytes));
-  } else {
-    // Flatten (row, vector) over the threads so that narrow rows still keep
-    // every thread busy.
-    const uint32_t per_row = static_cast<uint32_t>(bytes / V);
-    move_items<V>(ctx, dst, src, static_cast<uint32_t>(rows) * per_row,
-                  [=](uint32_t i, int64_t& d, int64_t& s) {
-                    const uint32_t r = i / per_row;
-                    const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-                    d = r * dst_pitch + c;
-                    s = r * src_pitch + c;
-                  });
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Row permutation by cycle segments (see DESIGN.md).
-//
-// Rows are moved in units of `unit_rows` consecutive rows (a block of the
-// permutation). Destination unit order[k] receives source unit order[k + 1]
-// inside a segment; the segment's last destination receives either its own
-// first unit (the segment is a whole cycle: the tile saves it before writing)
-// or the first unit of the next segment, which phase A saved to scratch.
-struct RowParams {
-  uint8_t* data;                 // row 0, column byte 0
-  int64_t row_stride;            // bytes from one row to the next
-  int64_t row_bytes;             // contiguous bytes of one row
-  int64_t unit_rows;             // rows that move together
-  const int64_t* order;          // units in cycle order, cycle after cycle
-  const int64_t* segments;       // per segment: first position, length, tail slot (-1: own first unit)
-  uint8_t* scratch;              // slot s: unit_rows x row_bytes, packed
-  int64_t slice_bytes;           // column bytes of one tile
-  int64_t num_slices;            // tiles per segment
-  int64_t step;                  // positions loaded before they are stored
-};
-
-// Shared memory a row tile needs: the saved tail source plus `step` buffers.
-inline int64_t row_tile_smem_bytes(int64_t unit_rows, int64_t slice_bytes, int64_t step) {
-  return (step + 1) * unit_rows * slice_bytes;
-}
-
-// Phase A: scratch slot `seg` <- first unit of segment `seg` (column slice).
-// Only segments [0, number of scratch slots) are cut from longer cycles.
-template <int V, class Ctx>
-FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowParams& p, int64_t tile) {
-  const int64_t seg = tile / p.num_slices;
-  const int64_t col = (tile - seg * p.num_slices) * p.slice_bytes;
-  const int64_t width = min_of(p.slice_bytes, p.row_bytes - col);
-  const int64_t head = p.order[p.segments[3 * seg]];
-  copy_rect<V>(ctx, p.scratch + seg * p.unit_rows * p.row_bytes + col, p.row_bytes,
-               p.data + head * p.unit_rows * p.row_stride + col, p.row_stride,
-               p.unit_rows, width);
-}
-
-// Phase B: one (segment, column slice) tile. Walks the chain in steps: load
-// the sources of the next `step` positions, barrier, store them. Position k's
-// destination was position k-1's source, so it is still cached when written,
-// and reading k+1..k+step before writing k..k+step-1 never reads a byte that
-// this tile already overwrote. Other tiles touch other units or columns.
-template <int V, class Ctx>
-FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowParams& p, int64_t tile,
-                                         uint8_t* smem) {
-  const int64_t seg = tile / p.num_slices;
-  const int64_t col = (tile - seg * p.num_slices) * p.slice_bytes;
-  const int64_t width = min_of(p.slice_bytes, p.row_bytes - col);
-  const int64_t* pos = p.order + p.segments[3 * seg];
-  const int64_t len = p.segments[3 * seg + 1];
-  const int64_t tail = p.segments[3 * seg + 2];
-  const int64_t g = p.unit_rows;
-  const int64_t pitch = p.slice_bytes;
-  const int64_t buf_bytes = g * pitch;
-  auto unit = [&](int64_t u) { return p.data + u * g * p.row_stride + col; };
-
-  uint8_t* tail_src = smem;
-  if (tail < 0)
-    copy_rect<V>(ctx, tail_src, pitch, unit(pos[0]), p.row_stride, g, width);
-  else
-    copy_rect<V>(ctx, tail_src, pitch, p.scratch + tail * g * p.row_bytes + col, p.row_bytes,
-                 g, width);
-
-  if constexpr (Ctx::kSerial) {
-    // One thread, step 1: each load is stored at once, so it can go straight
-    // from its source unit to its destination (distinct units of a cycle).
-    for (int64_t k = 0; k + 1 < len; ++k)
-      copy_rect<V>(ctx, unit(pos[k]), p.row_stride, unit(pos[k + 1]), p.row_stride, g, width);
-    copy_rect<V>(ctx, unit(pos[len - 1]), p.row_stride, tail_src, pitch, g, width);
+// dst[r * dst_pitch + c] = src[r * src_pitch + c] for r < rows, c < bytes, by
+// one thread (memcpy: host addresses need no alignment).
+FLASHMLA_PERM_BODY void copy_rect_serial(uint8_t* dst, int64_t dst_pitch, const uint8_t* src,
+                                         int64_t src_pitch, int64_t rows, int64_t bytes) {
+  if (dst_pitch == bytes && src_pitch == bytes) {
+    std::memcpy(dst, src, static_cast<size_t>(rows * bytes));
     return;
   }
-  for (int64_t k0 = 0; k0 < len; k0 += p.step) {
-    const int64_t n = min_of(p.step, len - k0);
-    for (int64_t i = 0; i < n; ++i)
-      if (k0 + i + 1 < len)
-        copy_rect<V>(ctx, smem + (1 + i) * buf_bytes, pitch, unit(pos[k0 + i + 1]),
-                     p.row_stride, g, width);
-    ctx.sync();
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* src = (k0 + i + 1 < len) ? smem + (1 + i) * buf_bytes : tail_src;
-      copy_rect<V>(ctx, unit(pos[k0 + i]), p.row_stride, src, pitch, g, width);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * dst_pitch, src + r * src_pitch, static_cast<size_t>(bytes));
+}
+
+// ---------------------------------------------------------------------------
+// Permutation of units by cycle segments (see DESIGN.md).
+//
+// A unit is a rectangle: `lines` lines of `line_bytes` contiguous bytes,
+// `line_pitch` apart; unit u starts at data + u * unit_stride. Rows of a
+// tensor are units of `unit_rows` rows (unit_stride = unit_rows * row stride);
+// blocks of columns are units too (unit_stride = block bytes, one line per
+// row), which is how an in-place column permutation too wide for a tile
+// buffer runs. Destination unit order[k] receives source unit order[k + 1]
+// inside a segment; the segment's last destination receives either its own
+// first unit (the segment is a whole cycle) or the first unit of the next
+// segment, which the save pass put into scratch.
+//
+// A tile is one (segment, line slice, byte slice). Tiles of one segment touch
+// disjoint bytes, tiles of different segments disjoint units, so no two
+// tiles of a launch ever race.
+struct RowJob {
+  uint8_t* data;
+  int64_t unit_stride;    // bytes from unit u to unit u + 1
+  int64_t lines;          // lines per unit
+  int64_t line_pitch;     // bytes from one line of a unit to the next
+  int64_t line_bytes;     // contiguous bytes of one line
+  const int64_t* order;   // units in cycle order, cycle after cycle
+  const int64_t* segments;  // per segment: first position, length, tail slot (-1: own first unit)
+  uint8_t* scratch;       // slot s: lines x line_bytes, packed
+  int64_t slice_lines;    // lines of one tile
+  int64_t slice_bytes;    // bytes of each line of one tile
+  int64_t line_tiles;     // tiles across the lines of a unit
+  int64_t byte_tiles;     // tiles across the bytes of a line
+  int64_t step;           // positions a parallel tile stores per pass (>= its segment: one pass)
+  int64_t tiles;          // segments * line_tiles * byte_tiles
+  int64_t head_tiles;     // tiles of the save pass: scratch segments * line_tiles * byte_tiles
+  int vec;                // vector width V
+};
+
+// Tile buffer a row tile needs: the tail source plus up to `step` sources,
+// for segments of at most `max_len` units.
+inline int64_t row_tile_buffer_bytes(int64_t slice_lines, int64_t slice_bytes, int64_t step,
+                                     int64_t max_len) {
+  const int64_t sources = step < max_len - 1 ? step : max_len - 1;
+  return (1 + (sources > 0 ? sources : 0)) * slice_lines * slice_bytes;
+}
+
+// Where one tile of a row job sits.
+struct RowTileGeometry {
+  int64_t seg, line0, col, nl, width;
+  FLASHMLA_PERM_BODY RowTileGeometry(const RowJob& p, int64_t tile) {
+    const int64_t per_seg = p.line_tiles * p.byte_tiles;
+    seg = tile / per_seg;
+    const int64_t rest = tile - seg * per_seg;
+    const int64_t lt = rest / p.byte_tiles;
+    line0 = lt * p.slice_lines;
+    col = (rest - lt * p.byte_tiles) * p.slice_bytes;
+    nl = min_of(p.slice_lines, p.lines - line0);
+    width = min_of(p.slice_bytes, p.line_bytes - col);
+  }
+};
+
+// Save pass: scratch slot `seg` <- first unit of segment `seg` (this tile's
+// slice). Only segments [0, number of scratch slots) are cut from longer cycles.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t tile) {
+  const RowTileGeometry g(p, tile);
+  const uint8_t* src = p.data + p.order[p.segments[3 * g.seg]] * p.unit_stride +
+                       g.line0 * p.line_pitch + g.col;
+  uint8_t* dst = p.scratch + g.seg * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
+  if constexpr (Ctx::kSerial) {
+    copy_rect_serial(dst, p.line_bytes, src, p.line_pitch, g.nl, g.width);
+  } else {
+    const uint32_t per_line = static_cast<uint32_t>(g.width / V);
+    const int64_t pitch = p.line_pitch, sbytes = p.line_bytes;
+    store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, [&](uint32_t i, uint8_t*& d) {
+      const uint32_t l = i / per_line;
+      const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
+      d = dst + l * sbytes + c;
+      return load_vec<V>(src + l * pitch + c);
+    });
+  }
+}
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile, uint8_t* buf) {
+  const RowTileGeometry g(p, tile);
+  const int64_t* pos = p.order + p.segments[3 * g.seg];
+  const int64_t len = p.segments[3 * g.seg + 1];
+  const int64_t tail = p.segments[3 * g.seg + 2];
+  const int64_t pitch = p.line_pitch;
+  const int64_t width = g.width;
+  uint8_t* const base = p.data + g.line0 * pitch + g.col;
+  auto unit = [&](int64_t u) { return base + u * p.unit_stride; };
+  const uint8_t* scratch_src =
+      tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
+
+  if constexpr (Ctx::kSerial) {
+    // One thread, step 1: each unit goes straight from its source to its
+    // destination, which the previous step just read (still in cache). Only
+    // the first unit of a whole cycle needs the buffer.
+    if (tail < 0) copy_rect_serial(buf, width, unit(pos[0]), pitch, g.nl, width);
+    for (int64_t k = 0; k + 1 < len; ++k)
+      copy_rect_serial(unit(pos[k]), pitch, unit(pos[k + 1]), pitch, g.nl, width);
+    if (tail < 0)
+      copy_rect_serial(unit(pos[len - 1]), pitch, buf, width, g.nl, width);
+    else
+      copy_rect_serial(unit(pos[len - 1]), pitch, scratch_src, p.line_bytes, g.nl, width);
+    return;
+  } else {
+    // Buffer 0: the segment's own first unit (whole cycles); buffer 1 + i:
+    // the source of position k0 + i. A pass stages the sources of up to
+    // `step` positions, then stores them; reading k0+1..k0+step before
+    // writing k0..k0+step-1 never reads a byte this tile already overwrote.
+    const uint32_t per_line = static_cast<uint32_t>(width / V);
+    const uint32_t per_buf = static_cast<uint32_t>(g.nl) * per_line;
+    const int64_t buf_bytes = g.nl * width;
+    const int64_t sbytes = p.line_bytes;
+    for (int64_t k0 = 0; k0 < len; k0 += p.step) {
+      const int64_t n = min_of(p.step, len - k0);          // positions stored
+      const int64_t m = min_of(p.step, len - 1 - k0);      // sources staged: k0+1 .. k0+m
+      const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
+      stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
+                     [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+                       const uint32_t j = static_cast<uint32_t>(first) + i / per_buf;
+                       const uint32_t r = i % per_buf;
+                       const uint32_t l = r / per_line;
+                       const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
+                       b = buf + j * buf_bytes + l * width + c;
+                       s = unit(pos[j == 0 ? 0 : k0 + j]) + l * pitch + c;
+                     });
+      ctx.stage_wait();
+      ctx.sync();
+      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf, [&](uint32_t i, uint8_t*& d) {
+        const uint32_t ii = i / per_buf;
+        const uint32_t r = i - ii * per_buf;
+        const uint32_t l = r / per_line;
+        const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
+        const int64_t k = k0 + ii;
+        d = unit(pos[k]) + l * pitch + c;
+        if (k + 1 < len) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);
+        if (tail < 0) return load_vec<V>(buf + l * width + c);
+        return load_vec<V>(scratch_src + l * sbytes + c);
+      });
+      ctx.sync();  // the next pass (or tile) reuses the buffers
     }
-    ctx.sync();  // the next step reuses the buffers
   }
 }
 
 // ---------------------------------------------------------------------------
-// Column permutation within rows: a tile of whole rows is staged in shared
-// memory and written back gathered. In place when src == dst (a tile reads
-// only its own rows, all of them before the barrier).
-struct ColParams {
+// Column permutation within rows (the last dim), by a byte gather map:
+// destination chunk j of a row comes from source byte offset[j] of the same
+// row, chunks of 1 << shift bytes (the permutation's runs, at most 64 bytes).
+//
+// Staged tiles (in place, or rows narrow enough): a tile of whole rows is
+// staged and written back gathered; in place when src == dst (a tile reads
+// only its own rows, all of them before the barrier). Direct tiles (out of
+// place, any width): a slice of destination bytes is staged from its
+// gathered sources and written out contiguously; chunks narrower than V are
+// read straight from memory and assembled in registers.
+struct ColJob {
   const uint8_t* src;
   uint8_t* dst;
   int64_t src_row_stride;        // bytes
@@ -195,62 +298,124 @@ struct ColParams {
   int64_t rows;
   int64_t row_bytes;
   const int32_t* source_offset;  // per destination chunk of a row: source byte offset
-  int chunk_shift;               // log2(chunk bytes); chunks are the permutation's runs cut to <= 64 bytes
-  int64_t tile_rows;
+  int chunk_shift;               // log2(chunk bytes)
+  int staged;                    // 1: whole rows staged; 0: direct
+  int64_t tile_rows;             // rows of one tile
+  int64_t slice_bytes;           // direct: destination bytes of each row of one tile
+  int64_t row_tiles;             // direct: tiles across a row
+  int64_t tiles;
+  int vec;                       // vector width V
 };
 
+// One thread, host executors: V is the chunk size, so chunk j is simply
+// offset[j]. Locals, not p's fields: byte stores may alias them.
+template <int V>
+inline void gather_rows_serial(const ColJob& p, const uint8_t* rows_in, int64_t in_pitch,
+                               uint8_t* out_rows, int64_t nr) {
+  const int32_t* offset = p.source_offset;
+  const int64_t chunks = p.row_bytes / V;
+  const int64_t out_pitch = p.dst_row_stride;
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint8_t* row = rows_in + r * in_pitch;
+    uint8_t* out = out_rows + r * out_pitch;
+    int64_t j = 0;
+    if constexpr (V < 8) {
+      // Chunks under 8 bytes (the per-32-column scales move byte by byte)
+      // are assembled into one 8-byte store in a register; little-endian.
+      using T = typename VecOf<V>::type;
+      constexpr int kPer = 8 / V;
+      for (; j + kPer <= chunks; j += kPer) {
+        uint64_t packed = 0;
+        for (int i = 0; i < kPer; ++i) {
+          T piece;
+          std::memcpy(&piece, row + offset[j + i], V);
+          packed |= static_cast<uint64_t>(piece) << (8 * V * i);
+        }
+        std::memcpy(out + j * V, &packed, 8);
+      }
+    }
+    for (; j < chunks; ++j) std::memcpy(out + j * V, row + offset[j], V);
+  }
+}
+
 template <int V, class Ctx>
-FLASHMLA_PERM_BODY void col_gather_tile(Ctx& ctx, const ColParams& p, int64_t tile,
-                                        uint8_t* smem) {
+FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
   const int64_t r0 = tile * p.tile_rows;
   const int64_t nr = min_of(p.tile_rows, p.rows - r0);
   const int64_t rb = p.row_bytes;
+  const uint8_t* src = p.src + r0 * p.src_row_stride;
   uint8_t* dst = p.dst + r0 * p.dst_row_stride;
-  copy_rect<V>(ctx, smem, rb, p.src + r0 * p.src_row_stride, p.src_row_stride, nr, rb);
-  ctx.sync();
   if constexpr (Ctx::kSerial) {
-    // Host executors pass V == the chunk size, so chunk j is simply
-    // offset[j]. memcpy: host addresses may be unaligned. Locals, not p's
-    // fields: byte stores may alias them and force reloads.
-    const int32_t* offset = p.source_offset;
-    const int64_t chunks = rb / V;
-    const int64_t dst_stride = p.dst_row_stride;
-    for (int64_t r = 0; r < nr; ++r) {
-      const uint8_t* row = smem + r * rb;
-      uint8_t* out = dst + r * dst_stride;
-      int64_t j = 0;
-      if constexpr (V < 8) {
-        // Chunks under 8 bytes (the per-32-column scales move byte by byte)
-        // are assembled into one 8-byte store in a register; little-endian.
-        using T = typename VecOf<V>::type;
-        constexpr int kPer = 8 / V;
-        for (; j + kPer <= chunks; j += kPer) {
-          uint64_t packed = 0;
-          for (int i = 0; i < kPer; ++i) {
-            T piece;
-            std::memcpy(&piece, row + offset[j + i], V);
-            packed |= static_cast<uint64_t>(piece) << (8 * V * i);
-          }
-          std::memcpy(out + j * V, &packed, 8);
-        }
-      }
-      for (; j < chunks; ++j) std::memcpy(out + j * V, row + offset[j], V);
-    }
+    copy_rect_serial(buf, rb, src, p.src_row_stride, nr, rb);
+    gather_rows_serial<V>(p, buf, rb, dst, nr);
   } else {
-    const int64_t mask = (int64_t{1} << p.chunk_shift) - 1;
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
+    const int64_t src_stride = p.src_row_stride, dst_stride = p.dst_row_stride;
+    stage_items<V>(ctx, static_cast<uint32_t>(nr) * per_row,
+                   [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+                     const uint32_t r = i / per_row;
+                     const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
+                     b = buf + r * rb + c;
+                     s = src + r * src_stride + c;
+                   });
+    ctx.stage_wait();
+    ctx.sync();
     const int32_t* offset = p.source_offset;
     const int shift = p.chunk_shift;
-    const int64_t dst_stride = p.dst_row_stride;
-    move_items<V>(ctx, dst, smem, static_cast<uint32_t>(nr) * per_row,
-                  [=](uint32_t i, int64_t& d, int64_t& s) {
-                    const uint32_t r = i / per_row;
-                    const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
-                    d = r * dst_stride + b;
-                    s = r * rb + offset[b >> shift] + (b & mask);
-                  });
+    auto gathered = [&](uint32_t i, uint8_t*& d) {
+      const uint32_t r = i / per_row;
+      const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
+      d = dst + r * dst_stride + b;
+      return gather_vec<V>(buf + r * rb, offset, shift, b);
+    };
+    if ((1 << shift) >= V)
+      store_items<V>(ctx, static_cast<uint32_t>(nr) * per_row, gathered);
+    else
+      store_items<V, 1>(ctx, static_cast<uint32_t>(nr) * per_row, gathered);
+    ctx.sync();  // the next tile reuses the buffer
   }
-  ctx.sync();  // the context's next tile reuses the buffer
+}
+
+// Direct tiles: parallel contexts only (host executors stage whole rows).
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
+  const int64_t rt = tile / p.row_tiles;
+  const int64_t r0 = rt * p.tile_rows;
+  const int64_t b0 = (tile - rt * p.row_tiles) * p.slice_bytes;
+  const int64_t nr = min_of(p.tile_rows, p.rows - r0);
+  const int64_t width = min_of(p.slice_bytes, p.row_bytes - b0);
+  const uint32_t per_row = static_cast<uint32_t>(width / V);
+  const uint8_t* src = p.src + r0 * p.src_row_stride;
+  uint8_t* dst = p.dst + r0 * p.dst_row_stride + b0;
+  const int64_t src_stride = p.src_row_stride, dst_stride = p.dst_row_stride;
+  const int32_t* offset = p.source_offset;
+  const int shift = p.chunk_shift;
+  const uint32_t total = static_cast<uint32_t>(nr) * per_row;
+  if ((1 << shift) >= V) {
+    // Each destination vector has one contiguous source: stage it.
+    const int64_t mask = (int64_t{1} << shift) - 1;
+    stage_items<V>(ctx, total, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+      const uint32_t r = i / per_row;
+      const int64_t c = b0 + static_cast<int64_t>(i - r * per_row) * V;
+      b = buf + static_cast<int64_t>(i) * V;
+      s = src + r * src_stride + offset[c >> shift] + (c & mask);
+    });
+    ctx.stage_wait();
+    ctx.sync();
+    store_items<V>(ctx, total, [&](uint32_t i, uint8_t*& d) {
+      const uint32_t r = i / per_row;
+      d = dst + r * dst_stride + static_cast<int64_t>(i - r * per_row) * V;
+      return load_vec<V>(buf + static_cast<int64_t>(i) * V);
+    });
+    ctx.sync();
+  } else {
+    store_items<V, 1>(ctx, total, [&](uint32_t i, uint8_t*& d) {
+      const uint32_t r = i / per_row;
+      const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
+      d = dst + r * dst_stride + c;
+      return gather_vec<V>(src + r * src_stride, offset, shift, b0 + c);
+    });
+  }
 }
 
 }  // namespace flashmla_perm

@@ -6,6 +6,9 @@
 #   FLASHMLA_PERM_TORCH  torch release to install            (default: 2.13.0, the CPU build;
 #                        2.14.1 is the CUDA 13.0 build and compiles the CUDA kernels)
 #   plus setup.py's switches: FLASHMLA_PERM_CUDA, TORCH_CUDA_ARCH_LIST, CUDA_HOME
+# Any release in pyproject.toml's range works (README: "Tested torch releases");
+# with a CUDA build of torch whose CUDA major version differs from the toolkit's,
+# the CPU-only module is built and the build says why.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLASHMLA_PERM_VENV:-$ROOT/.venv}
@@ -42,6 +45,8 @@ if [ "$(stamp_now)" != "$(cat "$STAMP" 2>/dev/null)" ] || ! ls "$ROOT"/flashmla_
     exit 1
   fi
   echo "== built in $(( $(date +%s) - start ))s (log: $VENV/build.log)"
+  # pip shows a build's output only with -v: repeat setup.py's line on CUDA.
+  grep -E '^ *flashmla_perm: CUDA kernels' "$VENV/build.log" | tail -n 1 | sed 's/^ */== /' || true
   stamp_now > "$STAMP"
 fi
 # (An instrumented module loads only with its sanitizer runtime preloaded.)

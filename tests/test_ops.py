@@ -61,7 +61,7 @@ def test_permute_rows_(device, dtype, kind, shape, gen):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", list(PERMS))
-@pytest.mark.parametrize("shape", [(100, 4096), (33, 128), (7, 5, 48), (1000,), (300, 37)])
+@pytest.mark.parametrize("shape", [(100, 4096), (33, 128), (7, 5, 48), (1000,), (300, 37), (3, 20000)])
 def test_permute_cols_(device, dtype, kind, shape, gen):
     x = random_tensor(shape, dtype, device, gen)
     perm = PERMS[kind](shape[-1], gen)

@@ -1,10 +1,17 @@
-// Host harness for the tile bodies: runs them as the GPU does, each tile by a
-// group of std::threads sharing a std::barrier (a "CTA"), several CTAs at once
-// over a grid-stride loop of tiles, and checks every result against a naive
-// permutation. Built under ThreadSanitizer in CI: a missing barrier in a body
-// shows up as a data race, or as wrong bytes.
+// Host harness for the tile bodies: runs them as the GPU does, each CTA a
+// group of std::threads sharing a std::barrier, and checks every result
+// against a naive permutation. Built under ThreadSanitizer in CI: a missing
+// barrier in a body shows up as a data race, or as wrong bytes.
 //
-//   tile_harness [--quick]      exit 0 when every case matches
+//   tile_harness            bodies under stress: odd thread counts, forced
+//                           small slices and steps, random permutations
+//   tile_harness --model    the exact launches the CUDA executor makes for
+//                           DeepSeek-V4.1 (launch.h, H200 figures): wq_b and
+//                           wo_a at TP 1, 2, 4, 8, permute_q at 64 and 128
+//                           heads; every CTA of the grid with its tiles in
+//                           grid-stride order, 256 threads each
+//   --quick                 fewer thread counts (for sanitizer builds)
+// Exit 0 when every case matches.
 #include <barrier>
 #include <cstdio>
 #include <cstring>
@@ -16,15 +23,16 @@
 #include <thread>
 #include <vector>
 
+#include "../../csrc/launch.h"
 #include "../../csrc/plan.h"
 #include "../../csrc/tile_bodies.h"
-#include "../../csrc/tiling.h"
 
 namespace fp = flashmla_perm;
 
 namespace {
 
-// One thread of a simulated CTA.
+// One thread of a simulated CTA. Staging is a plain copy: what the GPU's
+// cp.async does once stage_wait() and the barrier have passed.
 struct ThreadCtx {
   static constexpr bool kSerial = false;
   int tid;
@@ -33,24 +41,59 @@ struct ThreadCtx {
   int thread() const { return tid; }
   int num_threads() const { return nthreads; }
   void sync() { bar->arrive_and_wait(); }
+  template <int V>
+  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
+  void stage_wait() {}
 };
 
-// Runs body(ctx, tile, smem) for tiles [0, tiles) on `ctas` CTAs of `threads`
-// threads each, every CTA with its own barrier and shared buffer.
-void launch(int ctas, int threads, int64_t tiles, int64_t smem_bytes,
-            const std::function<void(ThreadCtx&, int64_t, uint8_t*)>& body) {
+// Runs one launch as the GPU would: CTAs [0, grid), each with l.threads
+// threads, its own barrier and shared buffer, taking tiles b, b + grid, ...
+// of the launch's jobs in order (job 0's tiles, then job 1's), as the CUDA
+// kernels' for_each_tile does. `concurrent` CTAs run at a time.
+void run_launch(const fp::Launch& l, int concurrent) {
+  const int threads = l.threads;
+  const int64_t split = l.job_tiles(0);
+  const int64_t total = l.tiles;
+  auto body = [&](ThreadCtx& ctx, int64_t t, uint8_t* smem) {
+    const int j = t < split ? 0 : 1;
+    const int64_t tile = j == 0 ? t : t - split;
+    fp::with_vector_width(l.vec(j), [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      switch (l.kernel) {
+        case fp::Kernel::kRows: fp::row_segment_tile<V>(ctx, l.rows[j], tile, smem); break;
+        case fp::Kernel::kSaveHeads: fp::save_segment_head<V>(ctx, l.rows[j], tile); break;
+        case fp::Kernel::kCols:
+          if (l.cols[j].staged)
+            fp::col_staged_tile<V>(ctx, l.cols[j], tile, smem);
+          else
+            fp::col_direct_tile<V>(ctx, l.cols[j], tile, smem);
+          break;
+      }
+    });
+  };
+  concurrent = static_cast<int>(std::min<int64_t>(concurrent, l.grid));
   std::vector<std::unique_ptr<std::barrier<>>> bars;
-  for (int c = 0; c < ctas; ++c) bars.push_back(std::make_unique<std::barrier<>>(threads));
-  std::vector<std::vector<uint8_t>> smem(ctas, std::vector<uint8_t>(smem_bytes + 16));
+  for (int c = 0; c < concurrent; ++c) bars.push_back(std::make_unique<std::barrier<>>(threads));
+  std::vector<std::vector<uint8_t>> smem(concurrent, std::vector<uint8_t>(l.smem_bytes + 16));
   std::vector<std::thread> pool;
-  for (int c = 0; c < ctas; ++c)
+  for (int c = 0; c < concurrent; ++c)
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, c, t] {
         ThreadCtx ctx{t, threads, bars[c].get()};
         uint8_t* s = smem[c].data() + (16 - reinterpret_cast<uintptr_t>(smem[c].data()) % 16) % 16;
-        for (int64_t tile = c; tile < tiles; tile += ctas) body(ctx, tile, s);
+        for (int64_t b = c; b < l.grid; b += concurrent)
+          for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, s);
       });
   for (auto& th : pool) th.join();
+}
+
+void run_launches(std::vector<fp::Launch>& launches, std::vector<std::vector<uint8_t>>& scratch,
+                  int concurrent) {
+  for (int j = 0; !launches.empty() && j < launches.front().num_jobs; ++j) {
+    scratch.emplace_back(launches.front().scratch_bytes[j] + 16);
+    fp::set_scratch(launches, j, scratch.back().data());
+  }
+  for (const fp::Launch& l : launches) run_launch(l, concurrent);
 }
 
 std::mt19937_64 rng(20261202);
@@ -96,105 +139,226 @@ void report(bool ok, const std::string& what) {
   }
 }
 
-// Rows: buffer of `rows` rows of `row_bytes`, `row_stride` apart, starting at
-// byte `offset` (to break alignment); bytes between rows must stay put.
-void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
-                int64_t offset, int threads, int ctas, int64_t step, int64_t budget,
-                const std::string& name) {
-  const int64_t rows = static_cast<int64_t>(perm.size());
-  std::vector<uint8_t> buf = random_bytes(offset + rows * row_stride + 8);
-  std::vector<uint8_t> expected = buf;
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(&expected[offset + r * row_stride], &buf[offset + perm[r] * row_stride], row_bytes);
+// A tensor of `rows` rows of `row_bytes`, `row_stride` apart, from byte
+// `offset` of a random buffer; bytes between rows must stay put.
+struct Rows {
+  std::vector<uint8_t> buf;
+  int64_t rows, row_bytes, row_stride, offset;
+  Rows(int64_t r, int64_t rb, int64_t rs, int64_t off)
+      : buf(random_bytes(off + r * rs + 8)), rows(r), row_bytes(rb), row_stride(rs), offset(off) {}
+  uint8_t* data() { return buf.data() + offset; }
+  // The reference: rows gathered (dim 0) or each row's elements gathered (last dim).
+  std::vector<uint8_t> rows_gathered(const std::vector<int64_t>& perm) const {
+    std::vector<uint8_t> e = buf;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(&e[offset + r * row_stride], &buf[offset + perm[r] * row_stride], row_bytes);
+    return e;
+  }
+  std::vector<uint8_t> cols_gathered(const std::vector<int64_t>& perm, int64_t esize,
+                                     const std::vector<uint8_t>& from, std::vector<uint8_t> into) const {
+    for (int64_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < perm.size(); ++c)
+        std::memcpy(&into[offset + r * row_stride + c * esize],
+                    &from[offset + r * row_stride + perm[c] * esize], esize);
+    return into;
+  }
+};
 
-  const fp::RowPlan plan = fp::make_row_plan(perm);
-  const fp::RowTiling tiling = fp::row_tiling(plan.unit_rows, row_bytes, step, budget);
-  std::vector<uint8_t> scratch(plan.num_scratch * plan.unit_rows * row_bytes + 16);
-  uint8_t* data = buf.data() + offset;
-  const fp::RowParams p{data, row_stride, row_bytes, plan.unit_rows, plan.order.data(),
-                        plan.segments.data(), scratch.data(), tiling.slice_bytes,
-                        tiling.num_slices, tiling.step};
-  const int v = fp::vector_width({reinterpret_cast<int64_t>(data), row_stride, row_bytes,
-                                  tiling.slice_bytes});
-  fp::with_vector_width(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    launch(ctas, threads, plan.num_scratch * p.num_slices, 0,
-           [&](ThreadCtx& ctx, int64_t t, uint8_t*) { fp::save_segment_head<V>(ctx, p, t); });
-    launch(ctas, threads, plan.num_segments * p.num_slices, tiling.smem_bytes,
-           [&](ThreadCtx& ctx, int64_t t, uint8_t* s) { fp::row_segment_tile<V>(ctx, p, t, s); });
-  });
-  report(buf == expected, "rows " + name + " rows=" + std::to_string(rows) + " bytes=" +
-                              std::to_string(row_bytes) + " threads=" + std::to_string(threads));
+// A small device, so that a few tiles already make several waves.
+fp::DeviceSpec small_device() {
+  fp::DeviceSpec d;
+  d.sm_count = 2;
+  return d;
 }
 
-// Columns: in place (src == dst) or out of place, elements of `esize` bytes.
-void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset,
-                bool in_place, int threads, int ctas, int64_t budget, const std::string& name) {
-  const int64_t cols = static_cast<int64_t>(perm.size());
-  const int64_t row_bytes = cols * esize;
-  const int64_t stride = row_bytes + (offset % 3) * 16;  // some padded rows
-  std::vector<uint8_t> src = random_bytes(offset + rows * stride + 8);
-  std::vector<uint8_t> dst = in_place ? src : random_bytes(src.size());
-  std::vector<uint8_t> expected = dst;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      std::memcpy(&expected[offset + r * stride + c * esize], &src[offset + r * stride + perm[c] * esize], esize);
+// Shrinks a planned row job to force several slices and passes (the
+// bodies must be correct for any consistent parameters, not only the
+// planner's).
+void shrink(fp::Launch& l, int64_t slice_lines, int64_t slice_bytes, int64_t step) {
+  for (int j = 0; j < l.num_jobs; ++j) {
+    fp::RowJob& p = l.rows[j];
+    if (slice_bytes < p.slice_bytes && slice_bytes % p.vec == 0) p.slice_bytes = slice_bytes;
+    p.slice_lines = std::min(p.slice_lines, slice_lines);
+    p.step = std::min(p.step, step);
+    const int64_t segments = p.tiles / (p.line_tiles * p.byte_tiles);
+    const int64_t heads = p.head_tiles / (p.line_tiles * p.byte_tiles);
+    p.line_tiles = (p.lines + p.slice_lines - 1) / p.slice_lines;
+    p.byte_tiles = (p.line_bytes + p.slice_bytes - 1) / p.slice_bytes;
+    p.tiles = segments * p.line_tiles * p.byte_tiles;
+    p.head_tiles = heads * p.line_tiles * p.byte_tiles;
+    l.smem_bytes = std::max(l.smem_bytes, (p.step + 1) * p.slice_lines * p.slice_bytes);
+  }
+  l.tiles = 0;
+  for (int j = 0; j < l.num_jobs; ++j) l.tiles += l.job_tiles(j);
+}
 
+void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
+                int64_t offset, int threads, int64_t slice_bytes, int64_t step,
+                const std::string& name) {
+  Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, offset);
+  const std::vector<uint8_t> expected = t.rows_gathered(perm);
+  const fp::RowPlan plan = fp::make_row_plan(perm);
+  const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
+  std::vector<fp::Launch> launches =
+      fp::gpu_row_launches(&view, 1, plan, plan.order.data(), plan.segments.data(), small_device());
+  for (auto& l : launches) {
+    l.threads = threads;
+    shrink(l, plan.unit_rows, slice_bytes, step);
+  }
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 3);
+  report(t.buf == expected, "rows " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
+                                std::to_string(row_bytes) + " threads=" + std::to_string(threads));
+}
+
+// Columns: in place or out of place, elements of `esize` bytes; in place
+// rows too wide for a tile buffer go through the row plan over column blocks.
+void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset,
+                bool in_place, int threads, const std::string& name) {
+  const int64_t row_bytes = static_cast<int64_t>(perm.size()) * esize;
+  Rows src(rows, row_bytes, row_bytes + (offset % 3) * 16, offset);
+  Rows dst = src;
+  if (!in_place) dst.buf = random_bytes(src.buf.size());
+  const std::vector<uint8_t> expected = src.cols_gathered(perm, esize, src.buf, dst.buf);
   const fp::ColPlan plan = fp::make_col_plan(perm, esize);
-  const int64_t tile_rows = std::max<int64_t>(1, fp::col_tile_rows(row_bytes, rows, budget));
-  uint8_t* d = dst.data() + offset;
-  const uint8_t* s = in_place ? d : src.data() + offset;
-  const fp::ColParams p{s, d, stride, stride, rows, row_bytes, plan.source_offset.data(),
-                        plan.chunk_shift, tile_rows};
-  const int v = fp::vector_width({reinterpret_cast<int64_t>(s), reinterpret_cast<int64_t>(d),
-                                  stride, row_bytes, int64_t{1} << plan.chunk_shift});
-  fp::with_vector_width(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    launch(ctas, threads, (rows + tile_rows - 1) / tile_rows, tile_rows * row_bytes,
-           [&](ThreadCtx& ctx, int64_t t, uint8_t* sm) { fp::col_gather_tile<V>(ctx, p, t, sm); });
-  });
-  report(dst == expected, "cols " + name + (in_place ? " in place" : " out of place") +
-                              " cols=" + std::to_string(cols) + " esize=" + std::to_string(esize) +
-                              " threads=" + std::to_string(threads));
+  std::vector<fp::Launch> launches;
+  fp::RowPlan units;
+  if (in_place && !fp::gpu_cols_staged_fit(row_bytes)) {
+    units = fp::make_row_plan(perm);
+    const fp::UnitView view = fp::col_units(dst.data(), rows, src.row_stride, units.unit_rows * esize);
+    launches = fp::gpu_row_launches(&view, 1, units, units.order.data(), units.segments.data(),
+                                    small_device());
+  } else {
+    const fp::ColView view{in_place ? dst.data() : src.data(), dst.data(), src.row_stride,
+                           src.row_stride, rows, row_bytes};
+    const fp::ColPlan* plans[] = {&plan};
+    const int32_t* offsets[] = {plan.source_offset.data()};
+    launches = fp::gpu_col_launches(&view, plans, offsets, 1, small_device());
+  }
+  for (auto& l : launches) l.threads = threads;
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 3);
+  report(dst.buf == expected, "cols " + name + (in_place ? " in place" : " out of place") +
+                                  " cols=" + std::to_string(perm.size()) + " esize=" +
+                                  std::to_string(esize) + " threads=" + std::to_string(threads));
+}
+
+void stress(const std::vector<int>& thread_counts) {
+  for (int threads : thread_counts) {
+    // Row permutations: small slices and steps force several tiles per row
+    // and several passes per segment.
+    struct RowCase { std::string name; std::vector<int64_t> perm; int64_t bytes, stride_pad, offset, slice, step; };
+    std::vector<RowCase> rc = {
+        {"q 8x64", fp::q_fused_permutation(8, 64), 40, 0, 0, 16, 4},
+        {"q 64x512", fp::q_fused_permutation(64, 512), 24, 8, 3, 128, 64},
+        {"q 3x32", fp::q_fused_permutation(3, 32), 1000, 24, 1, 256, 2},
+        {"random", random_perm(777), 37, 5, 7, 16, 4},
+        {"one cycle 1000", one_cycle(1000), 16, 0, 0, 16, 3},
+        {"one cycle 65", one_cycle(65), 48, 16, 16, 16, 64},
+        {"one cycle 129", one_cycle(129), 8, 0, 2, 8, 1},
+        {"reversal", reversal(300), 64, 0, 0, 32, 4},
+        {"identity", identity(100), 32, 0, 0, 32, 4},
+        {"blocks", [] { auto b = random_perm(40); std::vector<int64_t> p; for (auto x : b) for (int i = 0; i < 16; ++i) p.push_back(x * 16 + i); return p; }(), 20, 4, 5, 16, 4},
+    };
+    for (auto& c : rc)
+      check_rows(c.perm, c.bytes, c.bytes + c.stride_pad, c.offset, threads, c.slice, c.step, c.name);
+    struct ColCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset; };
+    std::vector<ColCase> cc = {
+        {"o 8x512", fp::o_fused_permutation(8, 512), 1, 9, 0},
+        {"o chunks 8x512", fp::o_fused_chunk_permutation(8, 512), 1, 100, 0},
+        {"q 16x64 bf16", fp::q_fused_permutation(16, 64), 2, 5, 6},
+        {"o 4x96 fp32", fp::o_fused_permutation(4, 96), 4, 7, 1},
+        {"random", random_perm(301), 1, 33, 3},
+        {"reversal", reversal(64), 8, 10, 0},
+        {"identity", identity(48), 2, 4, 0},
+        {"wide q 64x512 bf16", fp::q_fused_permutation(64, 512), 2, 3, 0},      // 64 KiB rows
+        {"wide random", random_perm(40000), 1, 2, 5},
+    };
+    for (auto& c : cc)
+      for (bool in_place : {true, false})
+        check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, c.name);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The exact GPU launches for the model's tensors (H200 figures).
+
+constexpr int64_t kHeads = 64, kHeadDim = 512, kQLora = 1280, kOLora = 1024, kGroups = 8;
+
+void print_launch(const std::string& what, const fp::Launch& l) {
+  std::printf("  %-22s %-10s grid %5lld  threads %d  smem %6lld  ctas/SM %d  tiles %6lld", what.c_str(),
+              fp::kernel_name(l.kernel), static_cast<long long>(l.grid), l.threads,
+              static_cast<long long>(l.smem_bytes), l.ctas_per_sm, static_cast<long long>(l.tiles));
+  for (int j = 0; j < l.num_jobs; ++j)
+    std::printf("  job%d: V=%d tiles=%lld max_tile=%lld", j, l.vec(j),
+                static_cast<long long>(l.job_tiles(j)), static_cast<long long>(l.max_tile_bytes[j]));
+  std::printf("\n");
+}
+
+void model_wq_b(int tp) {
+  const int64_t heads = kHeads / tp, rows = heads * kHeadDim;
+  const std::vector<int64_t> perm = fp::q_fused_permutation(heads, kHeadDim);
+  Rows w(rows, kQLora, kQLora, 0), s(rows, kQLora / 32, kQLora / 32, 0);
+  const auto ew = w.rows_gathered(perm), es = s.rows_gathered(perm);
+  const fp::RowPlan plan = fp::make_row_plan(perm);
+  const fp::UnitView views[] = {fp::row_units(w.data(), kQLora, kQLora, plan.unit_rows),
+                                fp::row_units(s.data(), kQLora / 32, kQLora / 32, plan.unit_rows)};
+  std::vector<fp::Launch> launches =
+      fp::gpu_row_launches(views, 2, plan, plan.order.data(), plan.segments.data(), fp::DeviceSpec{});
+  for (const auto& l : launches) print_launch("wq_b tp" + std::to_string(tp), l);
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 2);
+  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b tp" + std::to_string(tp));
+}
+
+void model_wo_a(int tp) {
+  const int64_t rows = kGroups / tp * kOLora, cols = 8 * kHeadDim;
+  const std::vector<int64_t> wp = fp::o_fused_permutation(8, kHeadDim);
+  const std::vector<int64_t> sp = fp::o_fused_chunk_permutation(8, kHeadDim);
+  Rows w(rows, cols, cols, 0), s(rows, cols / 32, cols / 32, 0);
+  const auto ew = w.cols_gathered(wp, 1, w.buf, w.buf), es = s.cols_gathered(sp, 1, s.buf, s.buf);
+  const fp::ColPlan wplan = fp::make_col_plan(wp, 1), splan = fp::make_col_plan(sp, 1);
+  const fp::ColView views[] = {{w.data(), w.data(), cols, cols, rows, cols},
+                               {s.data(), s.data(), cols / 32, cols / 32, rows, cols / 32}};
+  const fp::ColPlan* plans[] = {&wplan, &splan};
+  const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
+  std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, fp::DeviceSpec{});
+  for (const auto& l : launches) print_launch("wo_a tp" + std::to_string(tp), l);
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 2);
+  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wo_a tp" + std::to_string(tp));
+}
+
+void model_permute_q(int64_t heads, int64_t tokens) {
+  const int64_t row_bytes = heads * kHeadDim * 2;  // bf16
+  const std::vector<int64_t> perm = fp::q_fused_permutation(heads, kHeadDim);
+  Rows src(tokens, row_bytes, row_bytes, 0), dst(tokens, row_bytes, row_bytes, 0);
+  const auto expected = src.cols_gathered(perm, 2, src.buf, dst.buf);
+  const fp::ColPlan plan = fp::make_col_plan(perm, 2);
+  const fp::ColView view{src.data(), dst.data(), row_bytes, row_bytes, tokens, row_bytes};
+  const fp::ColPlan* plans[] = {&plan};
+  const int32_t* offsets[] = {plan.source_offset.data()};
+  std::vector<fp::Launch> launches = fp::gpu_col_launches(&view, plans, offsets, 1, fp::DeviceSpec{});
+  for (const auto& l : launches) print_launch("permute_q h" + std::to_string(heads), l);
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 2);
+  report(launches.size() == 1 && dst.buf == expected, "model permute_q heads=" + std::to_string(heads));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  const std::vector<int> thread_counts = quick ? std::vector<int>{1, 7, 32}
-                                               : std::vector<int>{1, 2, 7, 32, 128};
-  for (int threads : thread_counts) {
-    const int ctas = threads >= 32 ? 2 : 3;
-    // Row permutations: small budgets force several column slices and steps.
-    struct RowCase { std::string name; std::vector<int64_t> perm; int64_t bytes, stride_pad, offset, step, budget; };
-    std::vector<RowCase> rc = {
-        {"q 8x64", fp::q_fused_permutation(8, 64), 40, 0, 0, 4, 4096},
-        {"q 64x512", fp::q_fused_permutation(64, 512), 24, 8, 3, 4, 40 * 1024},
-        {"q 3x32", fp::q_fused_permutation(3, 32), 1000, 24, 1, 2, 8192},
-        {"random", random_perm(777), 37, 5, 7, 4, 2048},
-        {"one cycle 1000", one_cycle(1000), 16, 0, 0, 3, 4096},
-        {"one cycle 65", one_cycle(65), 48, 16, 16, 4, 1024},
-        {"one cycle 129", one_cycle(129), 8, 0, 2, 1, 512},
-        {"reversal", reversal(300), 64, 0, 0, 4, 4096},
-        {"identity", identity(100), 32, 0, 0, 4, 4096},
-        {"blocks", [] { auto b = random_perm(40); std::vector<int64_t> p; for (auto x : b) for (int i = 0; i < 16; ++i) p.push_back(x * 16 + i); return p; }(), 20, 4, 5, 4, 2048},
-    };
-    for (auto& c : rc)
-      check_rows(c.perm, c.bytes, c.bytes + c.stride_pad, c.offset, threads, ctas, c.step, c.budget, c.name);
-    struct ColCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset, budget; };
-    std::vector<ColCase> cc = {
-        {"o 8x512", fp::o_fused_permutation(8, 512), 1, 9, 0, 16384},
-        {"o chunks 8x512", fp::o_fused_chunk_permutation(8, 512), 1, 100, 0, 2048},
-        {"q 16x64 bf16", fp::q_fused_permutation(16, 64), 2, 5, 6, 8192},
-        {"o 4x96 fp32", fp::o_fused_permutation(4, 96), 4, 7, 1, 4096},
-        {"random", random_perm(301), 1, 33, 3, 1024},
-        {"reversal", reversal(64), 8, 10, 0, 1024},
-        {"identity", identity(48), 2, 4, 0, 1024},
-    };
-    for (auto& c : cc)
-      for (bool in_place : {true, false})
-        check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, ctas, c.budget, c.name);
+  bool quick = false, model = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::string(argv[i]) == "--quick";
+    model |= std::string(argv[i]) == "--model";
+  }
+  if (model) {
+    for (int tp : {1, 2, 4, 8}) model_wq_b(tp);
+    for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
+    for (int64_t heads : {64, 128}) model_permute_q(heads, 32);
+  } else {
+    stress(quick ? std::vector<int>{1, 7, 32} : std::vector<int>{1, 2, 7, 32, 128});
   }
   std::printf("%d passed, %d failed\n", cases - failures, failures);
   return failures == 0 ? 0 : 1;

@@ -1,0 +1,139 @@
+// Launch planning: which tiles, of what size, on how many CTAs. The one place
+// that decides a GPU launch's configuration (grid, threads, shared memory,
+// vector widths, steps, tiles) and a CPU run's tiling. Pure C++, no ATen and
+// no CUDA: the CUDA launcher, the CPU executor, the host harness (which runs
+// the very launches the GPU gets) and bench/gpu_model.py (through the native
+// module) all call it.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <vector>
+
+#include "plan.h"
+#include "tile_bodies.h"
+
+namespace flashmla_perm {
+
+// Largest of 16, 8, 4, 2, 1 dividing every value (addresses, pitches, widths).
+inline int vector_width(std::initializer_list<int64_t> values) {
+  int64_t bits = 16;
+  for (int64_t v : values) bits |= v;
+  return static_cast<int>(bits & -bits);
+}
+
+// Calls f(std::integral_constant<int, V>{}) for the runtime width v (host
+// code, and the kernels: a tile's width is a field of its job).
+template <class F>
+FLASHMLA_PERM_HOST_DEVICE void with_vector_width(int v, F&& f) {
+  switch (v) {
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+enum class Kernel : int { kRows = 0, kSaveHeads = 1, kCols = 2 };
+const char* kernel_name(Kernel k);
+
+// What a launch is sized from. Defaults: an H200 with the registers nvcc
+// 13.0 gives the kernels for sm_90 (scripts/ptxas_gate.py prints them); the
+// CUDA launcher fills in the real device's figures and the compiled
+// kernels' registers, so the harness and the model see the GPU's launches.
+struct DeviceSpec {
+  int sm_count = 132;
+  int64_t smem_per_sm = 228 * 1024;
+  int64_t smem_reserved_per_cta = 1024;  // the runtime's own share per CTA
+  int threads_per_sm = 2048;
+  int regs_per_sm = 65536;
+  int max_ctas_per_sm = 32;
+  int regs[3] = {92, 70, 72};  // per thread, by Kernel (kCols: the larger of its two)
+};
+
+// GPU figures, kept here so that the harness and the model see what the GPU gets.
+constexpr int kGpuThreads = 128;
+// Tile buffer per CTA: under the 48 KiB that needs no opt-in, and small
+// enough that several CTAs share an SM (each stages its whole tile at once).
+constexpr int64_t kGpuTileBudget = 32 * 1024;
+// Slices of rows are multiples of this, so that no 32-byte sector (nor
+// 128-byte line) is split between two CTAs.
+constexpr int64_t kGpuSliceAlign = 128;
+// Direct (out-of-place) column tiles: destination bytes per tile.
+constexpr int64_t kGpuDirectSlice = 16 * 1024;
+// Jobs (tensors) one launch carries: a model op's weight and scale.
+constexpr int kMaxJobs = 2;
+
+// A tensor seen as the units a row plan permutes (see RowJob).
+struct UnitView {
+  uint8_t* data;
+  int64_t unit_stride;
+  int64_t lines;
+  int64_t line_pitch;
+  int64_t line_bytes;
+};
+// Rows of a tensor (row r at data + r * row_stride, row_bytes contiguous),
+// in units of unit_rows rows.
+UnitView row_units(uint8_t* data, int64_t row_stride, int64_t row_bytes, int64_t unit_rows);
+// Blocks of unit_bytes along each of `rows` rows: the units of an in-place
+// column permutation whose rows are too wide for a tile buffer.
+UnitView col_units(uint8_t* data, int64_t rows, int64_t row_stride, int64_t unit_bytes);
+
+// rows x row_bytes read from src and written gathered to dst (src == dst: in place).
+struct ColView {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t src_row_stride;
+  int64_t dst_row_stride;
+  int64_t rows;
+  int64_t row_bytes;
+};
+
+// One kernel launch: up to kMaxJobs jobs whose tiles share one grid (tile t
+// belongs to the first job while t < its tile count, then to the next).
+struct Launch {
+  Kernel kernel = Kernel::kRows;
+  int num_jobs = 0;
+  RowJob rows[kMaxJobs] = {};  // kRows, kSaveHeads
+  ColJob cols[kMaxJobs] = {};  // kCols
+  int64_t scratch_bytes[kMaxJobs] = {};  // the caller allocates these and calls set_scratch
+  // Figures for the performance model, per job.
+  int64_t bytes[kMaxJobs] = {};           // bytes read (as many are written)
+  int64_t max_tile_bytes[kMaxJobs] = {};  // the largest tile's bytes
+  int64_t inflight_bytes[kMaxJobs] = {};  // loads one CTA has in flight at once, at most
+  int64_t tiles = 0;
+  int threads = kGpuThreads;
+  int64_t smem_bytes = 0;
+  int ctas_per_sm = 0;
+  int64_t grid = 0;
+  int64_t job_tiles(int j) const;
+  int vec(int j) const;
+};
+
+// Scratch of job j (from its scratch_bytes) for every launch that uses it.
+void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch);
+
+// GPU: a row plan applied to up to kMaxJobs tensors in one launch (after a
+// save launch when the plan has scratch). `order` and `segments` are the
+// plan's arrays where the kernels read them.
+std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
+                                     const int64_t* order, const int64_t* segments,
+                                     const DeviceSpec& dev);
+// GPU: column gathers, up to kMaxJobs in one launch (staged and direct jobs
+// go in launches of their own: they are different kernels). Rows of an
+// in-place job must fit the tile buffer (gpu_cols_staged_fit); out of place,
+// any width.
+std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const* plans,
+                                     const int32_t* const* offsets, int n, const DeviceSpec& dev);
+bool gpu_cols_staged_fit(int64_t row_bytes);
+
+// Resident CTAs per SM for a kernel's launch of `threads` and shared memory.
+int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_bytes);
+
+// CPU: one thread per tile, step 1 (DESIGN.md, "Order of the moves").
+RowJob cpu_row_job(const UnitView& view, const RowPlan& plan, int64_t* buffer_bytes);
+ColJob cpu_col_job(const ColView& view, const ColPlan& plan, int64_t* buffer_bytes);
+
+}  // namespace flashmla_perm
