@@ -38,6 +38,16 @@ ColView col_view(const at::Tensor& src, const at::Tensor& dst, const ColShape& s
 }
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
+// An entry's index arrays on the device. Their first upload is a blocking
+// copy, which a capturing stream cannot take: say so before anything moves.
+at::Tensor arrays_on(const DeviceCopies& copies, const at::Device& device) {
+  TORCH_CHECK(copies.has(device) || !cuda_capturing(device),
+              "flashmla_perm: this permutation's plan is not on ", device,
+              " yet, and the stream is capturing a CUDA graph; call the op once before "
+              "capture (warm-up) so the plan is uploaded outside it");
+  return copies.on(device);
+}
+
 // Runs launches that read `arrays` (an entry's device copies), keeping the
 // entry alive for good if the stream is capturing a graph.
 void run_cuda_entry(std::vector<Launch> launches, const at::Device& device,
@@ -50,7 +60,7 @@ void run_cuda_entry(std::vector<Launch> launches, const at::Device& device,
 
 void run_rows_cuda(const std::vector<UnitView>& views, const RowEntry& entry, const at::Device& device) {
   const RowPlan& plan = entry->plan;
-  const at::Tensor arrays = entry->arrays.on(device);
+  const at::Tensor arrays = arrays_on(entry->arrays, device);
   const int64_t* order = arrays.data_ptr<int64_t>();
   const int64_t* segments = order + plan.order.size();
   const DeviceSpec dev = cuda_device_spec(device);
@@ -74,7 +84,7 @@ void run_cols_cuda(const std::vector<std::pair<ColView, ColEntry>>& jobs, const 
     std::vector<std::shared_ptr<const void>> entries;
     for (int j = 0; j < n; ++j) {
       const auto& [view, entry] = jobs[i + j];
-      arrays.push_back(entry->arrays.on(device));
+      arrays.push_back(arrays_on(entry->arrays, device));
       views[j] = view;
       plans[j] = &entry->plan;
       offsets[j] = arrays.back().data_ptr<int32_t>();
@@ -89,7 +99,7 @@ void run_cols_cuda(const std::vector<std::pair<ColView, ColEntry>>& jobs, const 
 void run_wide_cols_cuda(const at::Tensor& t, const ColShape& shape, const ColEntry& entry) {
   const RowPlanEntry& units = entry->units();
   const at::Device device = t.device();
-  const at::Tensor arrays = units.arrays.on(device);
+  const at::Tensor arrays = arrays_on(units.arrays, device);
   const int64_t* order = arrays.data_ptr<int64_t>();
   const UnitView view = col_units(static_cast<uint8_t*>(t.data_ptr()), shape.rows, shape.row_stride,
                                   units.plan.unit_rows * t.element_size());

@@ -150,6 +150,10 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.regs_per_sm = prop.regsPerMultiprocessor;
   s.max_ctas_per_sm = prop.maxBlocksPerMultiProcessor;
   auto regs_of = [](const void* kernel) {
+    // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
+    // 33 KiB), so ask for the largest carveout rather than the driver's guess.
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     return attr.numRegs;

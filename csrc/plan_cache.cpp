@@ -15,6 +15,14 @@ at::Tensor DeviceCopies::on(const at::Device& device) const {
   return copies_.back().second;
 }
 
+bool DeviceCopies::has(const at::Device& device) const {
+  if (device.is_cpu()) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [d, t] : copies_)
+    if (d == device) return true;
+  return false;
+}
+
 namespace {
 
 template <class T>

@@ -18,8 +18,11 @@ namespace flashmla_perm {
 class DeviceCopies {
  public:
   explicit DeviceCopies(at::Tensor host) : host_(std::move(host)) {}
-  // The host array on `device` (the host array itself for the CPU).
+  // The host array on `device` (the host array itself for the CPU); the
+  // first call for a device copies it there (a blocking copy).
   at::Tensor on(const at::Device& device) const;
+  // Whether on(device) needs no copy.
+  bool has(const at::Device& device) const;
 
  private:
   at::Tensor host_;

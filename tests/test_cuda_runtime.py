@@ -52,30 +52,30 @@ def sleep_ms(ms):
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[0]))
 
 
-def model_tensors(gen, k=256, wo_rows=64):
-    """CPU tensors: a TP8 wq_b shard (K reduced) + scale, a TP8 wo_a shard
-    (a few rows) + scale, Q activations of 64 heads."""
-    rows = TP8_HEADS * 512
+def model_tensors(gen, k=256, wo_rows=64, heads=TP8_HEADS, q_heads=64):
+    """CPU tensors: a wq_b shard of `heads` heads (TP8 by default, K reduced) +
+    scale, a wo_a shard (a few rows) + scale, Q activations of `q_heads` heads."""
+    rows = heads * 512
     return [
         random_tensor((rows, k), FP8, gen=gen), random_tensor((rows, k // 32), gen=gen),
         random_tensor((wo_rows, 8 * 512), FP8, gen=gen), random_tensor((wo_rows, 8 * 512 // 32), gen=gen),
-        random_tensor((4, 64, 512), torch.bfloat16, gen=gen),
+        random_tensor((4, q_heads, 512), torch.bfloat16, gen=gen),
     ]
 
 
-def run_model_ops(t):
+def run_model_ops(t, heads=TP8_HEADS, group=8):
     """The three model ops on tensors `t` (as model_tensors lays them out):
     wq_b and wo_a in place; returns the fused Q."""
-    fp.permute_wq_b_(t[0], t[1], TP8_HEADS)
-    fp.permute_wo_a_(t[2], t[3])
+    fp.permute_wq_b_(t[0], t[1], heads)
+    fp.permute_wo_a_(t[2], t[3], group)
     return fp.permute_q_to_fused(t[4])
 
 
-def expected_model_ops(cpu, times=1):
+def expected_model_ops(cpu, times=1, heads=TP8_HEADS, group=8):
     e = [x.clone() for x in cpu]
     for _ in range(times):
-        ref.permute_wq_b_(e[0], e[1], TP8_HEADS)
-        ref.permute_wo_a_(e[2], e[3])
+        ref.permute_wq_b_(e[0], e[1], heads)
+        ref.permute_wo_a_(e[2], e[3], group)
     return e[:4] + [ref.permute_q_to_fused(cpu[4])]
 
 
@@ -152,6 +152,8 @@ def test_ops_run_on_the_current_stream(gen):
             d.copy_(src)
         with on_cuda_kernels():
             fq = run_model_ops(dst)
+            # The generic ops copy a device perm to the host (a sync), so
+            # these two check results on a side stream, not its ordering.
             ops.permute_rows_(dst[5], perms[0])
             ops.permute_cols_(dst[6], perms[1])
     s.synchronize()
@@ -391,10 +393,13 @@ def test_plan_evicted_while_its_kernels_are_queued(gen):
     and the default stream takes back and zeroes whatever small blocks its
     pool has free. s1's results must still be exact: the arrays have to live
     until the kernels that read them are done."""
-    cpu = model_tensors(gen)
-    expected = expected_model_ops(cpu)
+    # Keys of its own (4 heads, groups of 16, 32 Q heads): the graph tests
+    # keep their plans alive for good, and those could not be evicted.
+    keys = dict(heads=4, group=16)
+    cpu = model_tensors(gen, heads=4, q_heads=32)
+    expected = expected_model_ops(cpu, **keys)
     srcs = [t.cuda() for t in cpu]
-    run_model_ops([t.clone() for t in srcs])  # plans built, arrays allocated on the default stream
+    run_model_ops([t.clone() for t in srcs], **keys)  # plans built, arrays allocated on the default stream
     torch.cuda.synchronize()
 
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
@@ -403,7 +408,7 @@ def test_plan_evicted_while_its_kernels_are_queued(gen):
         sleep_ms(500)
         for d, src in zip(dst, srcs):
             d.copy_(src)
-        fused = run_model_ops(dst)
+        fused = run_model_ops(dst, **keys)
     with torch.cuda.stream(s2):
         evict_plan_caches()
     junk = zero_free_small_blocks()  # the default stream's, where the arrays were allocated

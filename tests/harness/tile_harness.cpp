@@ -9,7 +9,7 @@
 //                           DeepSeek-V4.1 (launch.h, H200 figures): wq_b and
 //                           wo_a at TP 1, 2, 4, 8, permute_q at 64 and 128
 //                           heads; every CTA of the grid with its tiles in
-//                           grid-stride order, 256 threads each
+//                           grid-stride order, kGpuThreads (128) threads each
 //   --quick                 fewer thread counts (for sanitizer builds)
 // Exit 0 when every case matches.
 #include <barrier>
@@ -31,19 +31,33 @@ namespace fp = flashmla_perm;
 
 namespace {
 
-// One thread of a simulated CTA. Staging is a plain copy: what the GPU's
-// cp.async does once stage_wait() and the barrier have passed.
+int misaligned = 0;  // vectors a GPU could not have moved (counted, then reported)
+
+// One thread of a simulated CTA. A stage is what cp.async does: the copy
+// lands only by stage_wait(); until then the buffer holds poison, so a body
+// that reads its buffer too early gets wrong bytes. Every vector is checked
+// for the alignment the GPU's instruction needs.
 struct ThreadCtx {
   static constexpr bool kSerial = false;
   int tid;
   int nthreads;
   std::barrier<>* bar;
+  struct Pending { uint8_t* buf; const uint8_t* src; int bytes; };
+  std::vector<Pending> pending;
   int thread() const { return tid; }
   int num_threads() const { return nthreads; }
   void sync() { bar->arrive_and_wait(); }
   template <int V>
-  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
-  void stage_wait() {}
+  void stage(uint8_t* buf, const uint8_t* src) {
+    if (reinterpret_cast<uintptr_t>(buf) % V || reinterpret_cast<uintptr_t>(src) % V)
+      __atomic_add_fetch(&misaligned, 1, __ATOMIC_RELAXED);
+    std::memset(buf, 0xA5, V);
+    pending.push_back({buf, src, V});
+  }
+  void stage_wait() {
+    for (const Pending& p : pending) std::memcpy(p.buf, p.src, p.bytes);
+    pending.clear();
+  }
 };
 
 // Runs one launch as the GPU would: CTAs [0, grid), each with l.threads
@@ -79,7 +93,7 @@ void run_launch(const fp::Launch& l, int concurrent) {
   for (int c = 0; c < concurrent; ++c)
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, c, t] {
-        ThreadCtx ctx{t, threads, bars[c].get()};
+        ThreadCtx ctx{t, threads, bars[c].get(), {}};
         uint8_t* s = smem[c].data() + (16 - reinterpret_cast<uintptr_t>(smem[c].data()) % 16) % 16;
         for (int64_t b = c; b < l.grid; b += concurrent)
           for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, s);
@@ -359,6 +373,10 @@ int main(int argc, char** argv) {
     for (int64_t heads : {64, 128}) model_permute_q(heads, 32);
   } else {
     stress(quick ? std::vector<int>{1, 7, 32} : std::vector<int>{1, 2, 7, 32, 128});
+  }
+  if (misaligned) {
+    std::printf("FAIL %d staged vectors misaligned for their width\n", misaligned);
+    ++failures;
   }
   std::printf("%d passed, %d failed\n", cases - failures, failures);
   return failures == 0 ? 0 : 1;
