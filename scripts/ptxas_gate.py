@@ -65,7 +65,7 @@ def main():
         print(f"ptxas gate FAILED: spills or stack frames in {len(bad)} kernel(s): {bad}")
         return 1
     print(f"ptxas gate passed: {len(kernels)} kernel builds, no spills, no stack frames "
-          "(shared memory is dynamic: tile sizes in csrc/cuda_executor.cu)")
+          "(shared memory is dynamic: tile sizes in csrc/launch.h)")
     return 0
 
 
