@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Load-time cost of permuting a whole model's wq_b and wo_a weights.
 
-For each tensor kind (wq_b weight + scale, wo_a weight + scale), device and
+For each tensor kind (wq_b weight + scale, wo_a weight + scale, and FlashMLA's
+own layouts: wq_b with DeepGEMM's packed MN-major int32 scale, the 3-D wv
+weight with its packed scale), device and
 backend (`reference`: the plain torch gather; `native`: this package's ops),
 side by side in one process with a plain copy of the same bytes between two
 preallocated buffers:
@@ -37,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
-KINDS = ("wq_b", "wo_a")
+KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
+PACKED_COLUMNS = 128  # weight columns one packed int32 scale word covers (4 x 32)
 MiB = 1 << 20
 
 
@@ -69,14 +72,22 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- tensors
 
 def shapes(args, kind):
-    """(weight shape, scale shape, the op's integer argument) of one rank's shard."""
-    if kind == "wq_b":
-        rows = args.heads // args.tp * args.head_dim
-        return (rows, args.q_lora_rank), (rows, args.q_lora_rank // 32), args.heads // args.tp
-    groups = args.heads // args.group
-    rows = groups // args.tp * args.o_lora_rank if groups >= args.tp else args.o_lora_rank
+    """(weight shape, scale shape, the op's integer argument) of one rank's shard.
+    The packed kinds' scales are int32, one word per 128 weight columns."""
     cols = args.group * args.head_dim
-    return (rows, cols), (rows, cols // 32), args.group
+    groups = args.heads // args.group
+    groups_here = max(groups // args.tp, 1)  # below one group per rank, each rank holds one
+    if kind in ("wq_b", "wq_b_packed"):
+        rows, k = args.heads // args.tp * args.head_dim, args.q_lora_rank
+        per = PACKED_COLUMNS if kind == "wq_b_packed" else 32
+        return (rows, k), (rows, k // per), args.heads // args.tp
+    if kind == "wo_a":
+        rows = groups_here * args.o_lora_rank
+        return (rows, cols), (rows, cols // 32), args.group
+    if kind == "wv_packed":
+        lead = (groups_here, args.o_lora_rank)
+        return (*lead, cols), (*lead, cols // PACKED_COLUMNS), args.group
+    raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
 
 
 def random_like_bytes(shape, dtype, device):
@@ -84,24 +95,39 @@ def random_like_bytes(shape, dtype, device):
     return t.view(getattr(torch, dtype))
 
 
+def mn_major_words(shape, device):
+    """Random int32 words ``[..., rows, W]`` in DeepGEMM's MN-major storage:
+    ``[..., W, align4(rows)]`` seen through its transpose (padding rows zero)."""
+    *lead, rows, words = shape
+    pad = (rows + 3) // 4 * 4
+    storage = torch.zeros((*lead, words, pad), dtype=torch.int32, device=device)
+    view = storage.transpose(-1, -2)[..., :rows, :]
+    view.copy_(random_like_bytes((*lead, rows, 4 * words), "uint8", device).view(torch.int32))
+    return view
+
+
 def make_layer(args, kind, device):
     wshape, sshape, _ = shapes(args, kind)
-    return random_like_bytes(wshape, args.weight_dtype, device), random_like_bytes(sshape, args.scale_dtype, device)
-
-
-def layer_bytes(layer):
-    return sum(t.numel() * t.element_size() for t in layer)
+    weight = random_like_bytes(wshape, args.weight_dtype, device)
+    if kind.endswith("_packed"):
+        return weight, mn_major_words(sshape, device)
+    return weight, random_like_bytes(sshape, args.scale_dtype, device)
 
 
 def as_bytes(t):
-    return t.reshape(-1).view(torch.uint8)
+    """Every byte of t's storage (a packed scale's padding too), as one flat view."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def layer_bytes(layer):
+    return sum(as_bytes(t).numel() for t in layer)
 
 
 # --------------------------------------------------------------------------- backends
 
 def backend_fn(name, kind, arg):
     mod = reference if name == "reference" else flashmla_perm
-    fn = mod.permute_wq_b_ if kind == "wq_b" else mod.permute_wo_a_
+    fn = mod.permute_wq_b_ if kind.startswith("wq_b") else mod.permute_wo_a_
     return lambda layer: fn(layer[0], layer[1], arg)
 
 
@@ -236,7 +262,7 @@ def print_kernel_times(rows, top=6):
     print()
     print(f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
           f"the {top} longest of each, all in --json)")
-    head = f"{'device':6} {'kind':5} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
+    head = f"{'device':6} {'kind':11} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
     print(head)
     print("-" * len(head))
     shown = {}
@@ -246,9 +272,9 @@ def print_kernel_times(rows, top=6):
         if shown[key] > top:
             continue
         if "error" in r:
-            print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['error']}")
+            print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['error']}")
             continue
-        print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['launches_per_op']:9.2f} "
+        print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['launches_per_op']:9.2f} "
               f"{r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  {short_kernel_name(r['kernel'])}")
 
 
@@ -319,17 +345,17 @@ def summarize(args, device, kind, seconds, nbytes, memory):
 
 
 def print_table(rows, wrong):
-    head = f"{'device':6} {'kind':5} {'backend':9} {'ms/layer':>9} {'s/model':>8} {'GB/s':>7} {'x copy':>7} {'vs ref':>7} {'extra mem':>15}"
+    head = f"{'device':6} {'kind':11} {'backend':9} {'ms/layer':>9} {'s/model':>8} {'GB/s':>7} {'x copy':>7} {'vs ref':>7} {'extra mem':>15}"
     print(head)
     print("-" * len(head))
     for r in rows:
         mem = (f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
                if "extra_peak_bytes" in r else "")
         vs = f"{r['speedup_vs_reference']:6.1f}x" if "speedup_vs_reference" in r else ""
-        print(f"{r['device']:6} {r['kind']:5} {r['backend']:9} {r['seconds_per_layer'] * 1e3:9.2f} "
+        print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['seconds_per_layer'] * 1e3:9.2f} "
               f"{r['seconds_per_model']:8.3f} {r['gbytes_per_s']:7.2f} {r['x_copy']:6.2f}x {vs:>7} {mem:>15}")
     for w in wrong:
-        print(f"{w['device']:6} {w['kind']:5} {w['backend']:9} WRONG: bytes differ from the reference; not timed")
+        print(f"{w['device']:6} {w['kind']:11} {w['backend']:9} WRONG: bytes differ from the reference; not timed")
 
 
 def plot(rows, path):
@@ -362,7 +388,7 @@ def main(argv=None):
     print(f"flashmla_perm {info['version']}, native={info['native']} cuda={info['cuda']}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"model: {args.layers} layers, {args.heads} heads x {args.head_dim}, TP {args.tp}, "
-          f"weights {args.weight_dtype}, scales {args.scale_dtype}; median of {args.reps} passes")
+          f"weights {args.weight_dtype}, scales {args.scale_dtype} (the packed kinds: int32 MN-major); median of {args.reps} passes")
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
     rows, wrong, kernels = [], [], []

@@ -466,7 +466,7 @@ else
     run_step runtime 35 step_runtime
     run_step memcheck 40 step_memcheck
     run_step racecheck 40 step_racecheck
-    run_step bench_tp1 55 step_bench_tp1
+    run_step bench_tp1 70 step_bench_tp1  # four kinds, each with two memory probes (a process each)
     run_step bench_tp8 25 step_bench_tp8
     if [ -f bench/gpu_model.py ]; then
       run_step model 10 step_model

@@ -52,7 +52,7 @@ TPS = (1, 2, 4, 8)
 Q_HEADS = (64, 128)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
-DEFAULT_REGS = {"rows": 92, "save_heads": 70, "cols": 72}
+DEFAULT_REGS = {"rows": 96, "save_heads": 76, "cols": 80}
 
 
 def parse_args(argv=None):
@@ -125,6 +125,16 @@ def cases():
         rows = HEADS // GROUP // tp * O_LORA_RANK  # wo_a weight [rows, G * D] + scale [rows, G * D / 32]
         cols = GROUP * HEAD_DIM
         yield "wo_a", tp, None, [rows, cols, GROUP], "cols", rows * (cols + cols // 32)
+    # FlashMLA's own layouts: DeepGEMM's packed MN-major int32 scales (one word
+    # per 128 columns, gran 32), wq_b 2-D and wv 3-D [n_groups, out, G * D].
+    for tp in TPS:
+        rows = HEADS // tp * HEAD_DIM
+        yield ("wq_b_packed", tp, HEADS // tp, [rows, Q_LORA_RANK, HEADS // tp, 32], "rows",
+               rows * (Q_LORA_RANK + Q_LORA_RANK // 32))
+    for tp in TPS:
+        groups, cols = max(HEADS // GROUP // tp, 1), GROUP * HEAD_DIM
+        yield ("wv_packed", tp, None, [groups, O_LORA_RANK, cols, GROUP], "cols",
+               groups * O_LORA_RANK * (cols + cols // 32))
     for heads in Q_HEADS:  # Q activations [tokens, heads, head_dim] bf16, out of place
         yield "permute_q", None, heads, [TOKENS, heads, HEAD_DIM, Q_ELEMENT_SIZE], "cols", \
             TOKENS * heads * HEAD_DIM * Q_ELEMENT_SIZE
@@ -254,14 +264,14 @@ def print_table(args, regs, source, records):
     print(f"registers per thread: {', '.join(f'{k} {v}' for k, v in regs.items())} [{source}]")
     print(f"loads in flight for full bandwidth (bandwidth/2 x latency): {need / MiB:.2f} MiB, "
           f"{need / args.sms / KiB:.1f} KiB per SM; target {args.target:.2f} of the copy")
-    head = (f"{'op':9} {'case':7} {'kernel':6} {'regs':>4} {'launch':>6} {'CTAs':>5} {'CTA/SM':>6} {'tiles':>6} "
+    head = (f"{'op':11} {'case':7} {'kernel':6} {'regs':>4} {'launch':>6} {'CTAs':>5} {'CTA/SM':>6} {'tiles':>6} "
             f"{'waves':>5} {'KiB/SM':>7} {'MiB':>7} {'copy us':>8} {'kern us':>8} {'fraction':>8} "
             f"{'lockstep':>8} {'w/launch':>8}  target")
     print(head)
     print("-" * len(head))
     for r in records:
         case = f"TP{r['tp']}" if r["tp"] is not None else f"{r['heads']}h"
-        print(f"{r['op']:9} {case:7} {r['kernel']:6} {r['regs_per_thread']:4} {r['launches']:6} {r['ctas']:5} "
+        print(f"{r['op']:11} {case:7} {r['kernel']:6} {r['regs_per_thread']:4} {r['launches']:6} {r['ctas']:5} "
               f"{r['ctas_per_sm']:6} {r['tiles']:6} {r['waves']:5.2f} {r['in_flight_bytes_per_sm'] / KiB:7.1f} "
               f"{r['bytes'] / MiB:7.2f} {r['copy_us']:8.2f} {r['predicted_us']:8.2f} "
               f"{r['predicted_fraction']:8.3f} {r['lockstep_fraction']:8.3f} {r['fraction_incl_launch']:8.3f}  "

@@ -128,7 +128,45 @@ def cases(dev):
             return same(ops.permute_cols(x, perm.to(dev)), ref.permute_cols(x, perm))
         return run
 
+    def strided(dim, dtype):
+        """permute_ of a transposed, stepped view at a storage offset (multi-dim lines)."""
+        def run():
+            base = rand((5 + 6 * 9 * 2 * 7,), dtype, dev)
+            e = base.clone()
+            view = lambda b: b[5:].view(6, 9 * 2, 7).permute(2, 0, 1)[:, :, ::2]  # [7, 6, 9]
+            p = torch.randperm(view(base).shape[dim], generator=GEN)
+            ref.permute_(view(e), p, dim)
+            fp.permute_(view(base), p, dim)
+            return same(base, e)
+        return run
+
+    def packed_wv(n_groups, out):
+        """3-D wv weight and its packed MN-major int32 scale (bytes across words)."""
+        def run():
+            w = rand((n_groups, out, 4096), torch.float8_e4m3fn, dev)
+            s = rand((n_groups, 32, (out + 3) // 4 * 4), torch.int32, dev).transpose(1, 2)[:, :out]
+            ew, es = w.clone(), s.clone()
+            fp.permute_wo_a_(w, s, 8)
+            ref.permute_wo_a_(ew, es, 8)
+            return same(w, ew) and same(s, es)
+        return run
+
+    def drop_ins():
+        def run():
+            w = rand((8 * 64, 512), torch.float8_e4m3fn, dev)
+            s = rand((4, 8 * 64), torch.int32, dev).t()  # gran 32, MN-major
+            poison(dev, 2 * w.numel())
+            got, want = fp.flashmla.permute_q_b_proj((w, s), 8, 64), ref.permute_q_b_proj((w, s), 8, 64)
+            return all(same(a, b) for a, b in zip(got, want))
+        return run
+
     return [
+        # any layout: the row kernel on a strided dim, the column kernel on rows at multi-dim offsets
+        ("permute_ dim 1 of a [7, 6, 9] transposed stepped bf16 view", strided(1, torch.bfloat16)),
+        ("permute_ dim 0 of the same view, uint8", strided(0, torch.uint8)),
+        # FlashMLA's layouts: packed int32 scales
+        ("wo_a 3-D wv [2, 6, 4096] + packed MN-major scale", packed_wv(2, 6)),
+        ("permute_q_b_proj 8 heads x 64, packed scale", drop_ins()),
         # row kernel, Q permutation (whole cycles, no scratch): TP8 wq_b rows (K cut to 256
         # to keep racecheck quick), 16-byte moves, and back
         ("wq_b TP8 rows [4096, 256] + scale, forward and inverse", wq_b(8, 256, inverse=True)),

@@ -26,15 +26,55 @@ at::Tensor perm_on(const std::vector<int64_t>& perm, const at::Device& device) {
   return device.is_cpu() ? host : host.to(device);
 }
 
+// Devices with no native kernels: the gather on the bit view.
 void aten_gather_(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& perm) {
   at::Tensor bits = bits_view(t);
   bits.copy_(bits.index_select(dim, perm_on(perm, t.device())));
   served(Path::kAten);
 }
 
-ColView col_view(const at::Tensor& src, const at::Tensor& dst, const ColShape& s, const ColShape& d) {
-  return ColView{static_cast<const uint8_t*>(src.data_ptr()), static_cast<uint8_t*>(dst.data_ptr()),
-                 s.row_stride, d.row_stride, s.rows, s.row_bytes};
+// The same for int32 words of four packed bytes: unpacked, gathered, packed.
+void aten_packed_gather_(const at::Tensor& t, const std::vector<int64_t>& byte_perm) {
+  const at::Tensor shifts = at::arange(0, 32, 8, t.options().dtype(at::kLong));
+  at::Tensor bytes = at::bitwise_and(at::bitwise_right_shift(t.to(at::kLong).unsqueeze(-1), shifts), 0xFF);
+  bytes = bytes.flatten(-2).index_select(-1, perm_on(byte_perm, t.device())).unflatten(-1, {t.size(-1), 4});
+  at::Tensor words = at::bitwise_left_shift(bytes, shifts).sum(-1);  // [0, 2^32)
+  words = at::where(words >= (int64_t{1} << 31), words - (int64_t{1} << 32), words);
+  t.copy_(words.to(at::kInt));
+  served(Path::kAten);
+}
+
+// One call's work on one device, gathered before anything moves.
+struct RowWork {
+  const RowPlanEntry* entry;
+  std::shared_ptr<const void> owner;  // keeps `entry` alive
+  std::vector<UnitView> views;
+};
+struct ColWork {
+  ColView view;
+  ColEntry entry;
+};
+struct Work {
+  std::vector<RowWork> rows;
+  std::vector<ColWork> cols;
+};
+
+std::vector<UnitView> units_of(const at::Tensor& t, int64_t dim, int64_t unit_rows) {
+  return unit_views(bytes_of(t), dim_of(t, dim), unit_rows, dims_except(t, dim),
+                    static_cast<int64_t>(t.element_size()));
+}
+
+void run_cpu(const Work& w) {
+  // All the scratch first: a failed allocation moves nothing.
+  std::vector<at::Tensor> scratch;
+  for (const RowWork& r : w.rows)
+    for (const UnitView& v : r.views)
+      scratch.push_back(at::empty({cpu_row_scratch_bytes(v, r.entry->plan)}, at::kByte));
+  size_t s = 0;
+  for (const RowWork& r : w.rows)
+    for (const UnitView& v : r.views) run_rows_cpu(v, r.entry->plan, scratch[s++].data_ptr<uint8_t>());
+  for (const ColWork& c : w.cols) run_cols_cpu(c.view, c.entry->plan);
+  served(Path::kCpu);
 }
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
@@ -48,151 +88,143 @@ at::Tensor arrays_on(const DeviceCopies& copies, const at::Device& device) {
   return copies.on(device);
 }
 
-// Runs launches that read `arrays` (an entry's device copies), keeping the
-// entry alive for good if the stream is capturing a graph.
-void run_cuda_entry(std::vector<Launch> launches, const at::Device& device,
-                    std::vector<at::Tensor> arrays, const std::vector<std::shared_ptr<const void>>& entries) {
-  if (cuda_capturing(device))
-    for (const auto& e : entries) keep_for_graphs(e);
-  run_cuda(std::move(launches), device, arrays);
-  served(Path::kCuda);
-}
-
-void run_rows_cuda(const std::vector<UnitView>& views, const RowEntry& entry, const at::Device& device) {
-  const RowPlan& plan = entry->plan;
-  const at::Tensor arrays = arrays_on(entry->arrays, device);
-  const int64_t* order = arrays.data_ptr<int64_t>();
-  const int64_t* segments = order + plan.order.size();
-  const DeviceSpec dev = cuda_device_spec(device);
-  for (size_t i = 0; i < views.size(); i += kMaxJobs) {
-    const int n = static_cast<int>(std::min<size_t>(kMaxJobs, views.size() - i));
-    run_cuda_entry(gpu_row_launches(views.data() + i, n, plan, order, segments, dev), device, {arrays},
-                   {entry});
+void run_gpu(const Work& w, const at::Device& device) {
+  // Every device array first: a plan missing under capture raises before
+  // any tensor of the call has moved.
+  std::vector<at::Tensor> row_arrays, col_arrays;
+  for (const RowWork& r : w.rows) row_arrays.push_back(arrays_on(r.entry->arrays, device));
+  for (const ColWork& c : w.cols) col_arrays.push_back(arrays_on(c.entry->arrays, device));
+  if (cuda_capturing(device)) {
+    for (const RowWork& r : w.rows) keep_for_graphs(r.owner);
+    for (const ColWork& c : w.cols) keep_for_graphs(c.entry);
   }
-}
-
-// Column gathers whose rows fit a tile buffer (or out of place), up to
-// kMaxJobs in a launch.
-void run_cols_cuda(const std::vector<std::pair<ColView, ColEntry>>& jobs, const at::Device& device) {
+  // Every launch planned, then all of them run (run_cuda allocates all the
+  // scratch before the first): nothing is left half-permuted.
   const DeviceSpec dev = cuda_device_spec(device);
-  for (size_t i = 0; i < jobs.size(); i += kMaxJobs) {
-    const int n = static_cast<int>(std::min<size_t>(kMaxJobs, jobs.size() - i));
+  std::vector<std::vector<Launch>> groups;
+  std::vector<at::Tensor> arrays = row_arrays;
+  arrays.insert(arrays.end(), col_arrays.begin(), col_arrays.end());
+  for (size_t i = 0; i < w.rows.size(); ++i) {
+    const RowPlan& plan = w.rows[i].entry->plan;
+    const int64_t* order = row_arrays[i].data_ptr<int64_t>();
+    const std::vector<UnitView>& views = w.rows[i].views;
+    for (size_t k = 0; k < views.size(); k += kMaxJobs) {
+      const int n = static_cast<int>(std::min<size_t>(kMaxJobs, views.size() - k));
+      groups.push_back(gpu_row_launches(views.data() + k, n, plan, order, order + plan.order.size(), dev));
+    }
+  }
+  for (size_t k = 0; k < w.cols.size(); k += kMaxJobs) {
+    const int n = static_cast<int>(std::min<size_t>(kMaxJobs, w.cols.size() - k));
     ColView views[kMaxJobs];
     const ColPlan* plans[kMaxJobs];
     const int32_t* offsets[kMaxJobs];
-    std::vector<at::Tensor> arrays;
-    std::vector<std::shared_ptr<const void>> entries;
     for (int j = 0; j < n; ++j) {
-      const auto& [view, entry] = jobs[i + j];
-      arrays.push_back(arrays_on(entry->arrays, device));
-      views[j] = view;
-      plans[j] = &entry->plan;
-      offsets[j] = arrays.back().data_ptr<int32_t>();
-      entries.push_back(entry);
+      views[j] = w.cols[k + j].view;
+      plans[j] = &w.cols[k + j].entry->plan;
+      offsets[j] = col_arrays[k + j].data_ptr<int32_t>();
     }
-    run_cuda_entry(gpu_col_launches(views, plans, offsets, n, dev), device, arrays, entries);
+    groups.push_back(gpu_col_launches(views, plans, offsets, n, dev));
   }
-}
-
-// In place, rows too wide for a tile buffer: blocks of columns are units of
-// a row plan, each one line per row.
-void run_wide_cols_cuda(const at::Tensor& t, const ColShape& shape, const ColEntry& entry) {
-  const RowPlanEntry& units = entry->units();
-  const at::Device device = t.device();
-  const at::Tensor arrays = arrays_on(units.arrays, device);
-  const int64_t* order = arrays.data_ptr<int64_t>();
-  const UnitView view = col_units(static_cast<uint8_t*>(t.data_ptr()), shape.rows, shape.row_stride,
-                                  units.plan.unit_rows * t.element_size());
-  run_cuda_entry(gpu_row_launches(&view, 1, units.plan, order, order + units.plan.order.size(),
-                                  cuda_device_spec(device)),
-                 device, {arrays}, {entry});
+  run_cuda(std::move(groups), device, arrays);
+  served(Path::kCuda);
 }
 #endif
+
+void run(const Work& w, const at::Device& device) {
+  if (w.rows.empty() && w.cols.empty()) return;
+  if (device.is_cpu()) return run_cpu(w);
+#ifdef FLASHMLA_PERM_WITH_CUDA
+  run_gpu(w, device);
+#endif
+}
 
 }  // namespace
 
 int64_t path_count(Path path) { return counts[static_cast<int>(path)].load(); }
 
-void apply_rows(const std::vector<at::Tensor>& tensors, const RowEntry& entry) {
-  const RowPlan& plan = entry->plan;
-  if (plan.num_segments == 0) return;
+void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
+  if (entry->plan.num_segments == 0) return;
   std::vector<UnitView> views;
   at::Device device = at::kCPU;
-  for (const at::Tensor& t : tensors) {
+  for (const auto& [t, dim] : targets) {
     if (t.numel() == 0) continue;
-    const auto target = row_target(t);
-    if (!target || !native_device(t.device())) {
-      aten_gather_(t, 0, plan.perm);
+    if (!native_device(t.device())) {
+      aten_gather_(t, dim, entry->plan.perm);
       continue;
     }
-    views.push_back(row_units(target->data, target->row_stride, target->row_bytes, plan.unit_rows));
+    const std::vector<UnitView> v = units_of(t, dim, entry->plan.unit_rows);
+    views.insert(views.end(), v.begin(), v.end());
     device = t.device();
   }
-  if (views.empty()) return;
-  if (device.is_cpu()) {
-    for (const UnitView& v : views) run_rows_cpu(v, plan);
-    served(Path::kCpu);
-    return;
-  }
-#ifdef FLASHMLA_PERM_WITH_CUDA
-  run_rows_cuda(views, entry, device);
-#endif
+  Work w;
+  if (!views.empty()) w.rows.push_back({entry.get(), entry, std::move(views)});
+  run(w, device);
 }
 
-void apply_cols(const std::vector<std::pair<at::Tensor, ColEntry>>& work) {
-#ifdef FLASHMLA_PERM_WITH_CUDA
-  std::vector<std::pair<ColView, ColEntry>> cuda_jobs;
-  at::Device cuda_device = at::kCPU;
-#endif
-  for (const auto& [t, entry] : work) {
-    if (t.numel() == 0 || entry->plan.identity) continue;
-    const auto shape = col_shape(t);
-    // Rows over 2^31 bytes have no gather map.
-    if (!shape || entry->plan.source_offset.empty() || !native_device(t.device())) {
-      aten_gather_(t, -1, entry->plan.perm);
+void apply_cols(const std::vector<ColTarget>& work, const char* op) {
+  Work w;
+  at::Device device = at::kCPU;
+  for (const ColTarget& c : work) {
+    const at::Tensor& t = c.t;
+    const ColPlan& plan = c.entry->plan;
+    if (t.numel() == 0 || plan.identity) continue;
+    if (!native_device(t.device())) {
+      c.packed_words ? aten_packed_gather_(t, plan.perm) : aten_gather_(t, c.dim, plan.perm);
       continue;
     }
-    const ColView view = col_view(t, t, *shape, *shape);
-    if (t.is_cpu()) {
-      run_cols_cpu(view, entry->plan);
-      served(Path::kCpu);
+    device = t.device();
+    std::vector<ColView> views;
+    if (c.packed_words) {
+      // A row is the 4 * W bytes of a row of words, words `pitch` apart.
+      const Dim words = dim_of(t, -1);
+      const int64_t row_bytes = 4 * words.size;
+      const int64_t run = words.size == 1 || words.pitch == 4 ? row_bytes : 4;
+      views = col_views_in_place(bytes_of(t), dims_except(t, -1), row_bytes, run, words.pitch);
+      // Bytes cross words, so a row is staged whole: it must fit a tile buffer.
+      TORCH_CHECK_VALUE(!t.is_cuda() || gpu_cols_staged_fit(views.front()), op,
+                        ": the packed scale's rows (", words.size, " int32 words, ", row_bytes,
+                        " bytes) are too wide for the CUDA kernels' ", kGpuTileBudget,
+                        "-byte tile buffer (with a row's padding); permute this scale on the CPU");
+      for (const ColView& v : views) w.cols.push_back({v, c.entry});
       continue;
     }
-#ifdef FLASHMLA_PERM_WITH_CUDA
-    if (gpu_cols_staged_fit(shape->row_bytes)) {
-      cuda_jobs.emplace_back(view, entry);
-      cuda_device = t.device();
+    const Dim d = dim_of(t, c.dim);
+    const int64_t row_bytes = d.size * static_cast<int64_t>(t.element_size());
+    if (d.pitch == static_cast<int64_t>(t.element_size()) && !plan.source_offset.empty())
+      views = col_views_in_place(bytes_of(t), dims_except(t, c.dim), row_bytes, row_bytes, row_bytes);
+    if (!views.empty() && (t.is_cpu() || gpu_cols_staged_fit(views.front()))) {
+      for (const ColView& v : views) w.cols.push_back({v, c.entry});
     } else {
-      run_wide_cols_cuda(t, *shape, entry);
+      // Any other stride, rows over 2^31 bytes (no gather map), or rows too
+      // wide for a GPU tile buffer: the permutation's row form.
+      const RowPlanEntry& units = c.entry->units();
+      w.rows.push_back({&units, c.entry, units_of(t, c.dim, units.plan.unit_rows)});
     }
-#endif
   }
-#ifdef FLASHMLA_PERM_WITH_CUDA
-  if (!cuda_jobs.empty()) run_cols_cuda(cuda_jobs, cuda_device);
-#endif
+  run(w, device);
 }
 
 at::Tensor applied_cols(const at::Tensor& src_in, const ColEntry& entry) {
-  const at::Tensor src = col_shape(src_in) ? src_in : src_in.contiguous();
+  const bool rows_ok = src_in.size(-1) <= 1 || src_in.stride(-1) == 1;
+  const at::Tensor src = rows_ok ? src_in : src_in.contiguous();
   at::Tensor out = at::empty(src.sizes(), src.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
   if (entry->plan.identity) return out.copy_(src);
-  const ColView view = col_view(src, out, *col_shape(src), *col_shape(out));
-  if (!entry->plan.source_offset.empty()) {
-    if (src.is_cpu()) {
-      run_cols_cpu(view, entry->plan);
-      served(Path::kCpu);
-      return out;
-    }
-#ifdef FLASHMLA_PERM_WITH_CUDA
-    if (src.is_cuda()) {
-      run_cols_cuda({{view, entry}}, src.device());
-      return out;
-    }
-#endif
+  if (!native_device(src.device())) {
+    bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(entry->plan.perm, src.device())));
+    served(Path::kAten);
+    return out;
   }
-  bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(entry->plan.perm, src.device())));
-  served(Path::kAten);
+  if (entry->plan.source_offset.empty()) {  // rows over 2^31 bytes: a copy, then in place
+    out.copy_(src);
+    apply_cols({{out, -1, entry}});
+    return out;
+  }
+  const int64_t row_bytes = src.size(-1) * static_cast<int64_t>(src.element_size());
+  Work w;
+  for (const ColView& v : col_views_out(bytes_of(src), bytes_of(out), dims_except(src, -1), row_bytes))
+    w.cols.push_back({v, entry});
+  run(w, src.device());
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "layout.h"
 #include "plan.h"
 
 namespace flashmla_perm {
@@ -17,9 +18,13 @@ void check_writable(const at::Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
   TORCH_CHECK_VALUE(!(t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
                     " requires grad; permute weights under torch.no_grad() or on a detached tensor");
-  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name,
-                    " has overlapping memory (several elements share bytes, e.g. from expand); "
-                    "an in-place permutation would corrupt it");
+  // The tile engines write every element in place, so they need proof that
+  // no two elements share bytes (layouts torch makes by slicing,
+  // transposing and padding all pass).
+  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes && disjoint(t), op, ": ", name,
+                    " has overlapping memory (several elements share bytes, e.g. from expand), or "
+                    "interleaved strides that cannot be proven apart; an in-place permutation "
+                    "would corrupt it (permute a .contiguous() copy)");
 }
 
 void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* name) {

@@ -51,15 +51,15 @@ void with_chunk_bytes(int bytes, F&& f) {
 
 }  // namespace
 
-void run_rows_cpu(const UnitView& view, const RowPlan& plan) {
+int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan) {
+  return plan.num_scratch * view.lines * view.line_bytes;
+}
+
+void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch) {
   if (plan.num_segments == 0) return;
   int64_t buffer_bytes = 0;
   RowJob p = cpu_row_job(view, plan, &buffer_bytes);
-  at::Tensor scratch;
-  if (plan.num_scratch > 0) {
-    scratch = at::empty({plan.num_scratch * view.lines * view.line_bytes}, at::kByte);
-    p.scratch = scratch.data_ptr<uint8_t>();
-  }
+  p.scratch = scratch;
   at::parallel_for(0, p.head_tiles, 1, [&](int64_t begin, int64_t end) {
     SerialCtx ctx;
     for (int64_t t = begin; t < end; ++t) save_segment_head<1>(ctx, p, t);

@@ -174,22 +174,25 @@ bool cuda_capturing(c10::Device device) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-void run_cuda(std::vector<Launch> launches, c10::Device device,
+void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
               const std::vector<at::Tensor>& arrays) {
-  if (launches.empty()) return;
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
   // Scratch from the caching allocator, on this stream: freed (for reuse by
   // this stream's later work) when this function returns.
   std::vector<at::Tensor> scratch;
-  for (int j = 0; j < launches.front().num_jobs; ++j) {
-    const int64_t bytes = launches.front().scratch_bytes[j];
-    if (bytes == 0) continue;
-    scratch.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device)));
-    set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
+  for (std::vector<Launch>& launches : groups) {
+    if (launches.empty()) continue;
+    for (int j = 0; j < launches.front().num_jobs; ++j) {
+      const int64_t bytes = launches.front().scratch_bytes[j];
+      if (bytes == 0) continue;
+      scratch.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device)));
+      set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
+    }
   }
-  for (const Launch& l : launches)
-    if (l.tiles > 0) launch(l, stream.stream());
+  for (const std::vector<Launch>& launches : groups)
+    for (const Launch& l : launches)
+      if (l.tiles > 0) launch(l, stream.stream());
   for (const at::Tensor& a : arrays)
     c10::cuda::CUDACachingAllocator::recordStream(a.storage().data_ptr(), stream);
 }

@@ -11,18 +11,23 @@
 
 namespace flashmla_perm {
 
-// CPU: tiles on ATen's intra-op thread pool, one thread per tile.
-void run_rows_cpu(const UnitView& view, const RowPlan& plan);
+// CPU: tiles on ATen's intra-op thread pool, one thread per tile. `scratch`:
+// cpu_row_scratch_bytes of them, allocated by the caller before any call of
+// an op moves a byte (so that a failed allocation leaves everything as it was).
+int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan);
+void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch);
 void run_cols_cpu(const ColView& view, const ColPlan& plan);
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
 // The device's figures and the kernels' registers, queried once per device.
 DeviceSpec cuda_device_spec(c10::Device device);
-// Runs the launches in order on the device's current stream, allocating the
-// scratch they ask for. `arrays` (the plans' index arrays, which the kernels
-// read) are marked as used by that stream, so that they outlive its work
-// even if the plan cache drops them meanwhile.
-void run_cuda(std::vector<Launch> launches, c10::Device device,
+// Runs groups of launches (each group from one gpu_*_launches call) in order
+// on the device's current stream, allocating the scratch they ask for: all of
+// it before the first launch, so that a failed allocation moves nothing.
+// `arrays` (the plans' index arrays, which the kernels read) are marked as
+// used by that stream, so that they outlive its work even if the plan cache
+// drops them meanwhile.
+void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
               const std::vector<at::Tensor>& arrays);
 // Whether the device's current stream is capturing a CUDA graph.
 bool cuda_capturing(c10::Device device);

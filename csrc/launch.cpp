@@ -18,6 +18,14 @@ constexpr int64_t kCpuRowBudget = 512 * 1024;
 // at 0.75-0.78x, 16 KiB at 0.82-0.84x, 32 KiB at 0.77x.
 constexpr int64_t kCpuColBudget = 4 * 1024;
 
+// The pitches of lines that more than one line uses, OR-ed (for vector widths).
+int64_t pitches_of(const Lines& at, int64_t count) {
+  if (count <= 1) return 0;
+  int64_t bits = 0;
+  for (int i = 0; i < at.dims; ++i) bits |= at.pitch[i];
+  return bits;
+}
+
 int64_t longest_segment(const RowPlan& plan) {
   int64_t longest = 0;
   for (int64_t s = 0; s < plan.num_segments; ++s)
@@ -26,11 +34,12 @@ int64_t longest_segment(const RowPlan& plan) {
 }
 
 // `count` items cut into pieces of at most `most`, as even as possible, each
-// a multiple of `align` (unless it is the whole).
+// a multiple of `align` (unless it is the whole; never more than the whole:
+// a line narrower than `align` stays one piece).
 int64_t even_piece(int64_t count, int64_t most, int64_t align) {
   if (count <= most) return count;
   most = std::max(align, most / align * align);
-  return round_up(ceil_div(count, ceil_div(count, most)), align);
+  return std::min(count, round_up(ceil_div(count, ceil_div(count, most)), align));
 }
 
 RowJob row_job(const UnitView& v, const RowPlan& plan, const int64_t* order,
@@ -39,7 +48,7 @@ RowJob row_job(const UnitView& v, const RowPlan& plan, const int64_t* order,
   p.data = v.data;
   p.unit_stride = v.unit_stride;
   p.lines = v.lines;
-  p.line_pitch = v.line_pitch;
+  p.line_at = v.line_at;
   p.line_bytes = v.line_bytes;
   p.order = order;
   p.segments = segments;
@@ -51,8 +60,8 @@ RowJob row_job(const UnitView& v, const RowPlan& plan, const int64_t* order,
   p.step = step;
   p.tiles = plan.num_segments * p.line_tiles * p.byte_tiles;
   p.head_tiles = plan.num_scratch * p.line_tiles * p.byte_tiles;
-  p.vec = vector_width({reinterpret_cast<int64_t>(v.data), v.unit_stride,
-                        v.lines > 1 ? v.line_pitch : 0, v.line_bytes, slice_bytes});
+  p.vec = vector_width({reinterpret_cast<int64_t>(v.data), v.unit_stride, pitches_of(v.line_at, v.lines),
+                        v.line_bytes, slice_bytes});
   return p;
 }
 
@@ -61,10 +70,12 @@ ColJob col_job(const ColView& v, const ColPlan& plan, const int32_t* offsets) {
   ColJob p{};
   p.src = v.src;
   p.dst = v.dst;
-  p.src_row_stride = v.src_row_stride;
-  p.dst_row_stride = v.dst_row_stride;
+  p.src_rows = v.src_rows;
+  p.dst_rows = v.dst_rows;
   p.rows = v.rows;
   p.row_bytes = v.row_bytes;
+  p.run = v.run;
+  p.run_pitch = v.run_pitch;
   p.source_offset = offsets;
   p.chunk_shift = plan.chunk_shift;
   return p;
@@ -87,12 +98,24 @@ const char* kernel_name(Kernel k) {
   }
 }
 
-UnitView row_units(uint8_t* data, int64_t row_stride, int64_t row_bytes, int64_t unit_rows) {
-  return UnitView{data, unit_rows * row_stride, unit_rows, row_stride, row_bytes};
+Lines lines_1d(int64_t count, int64_t pitch) {
+  Lines at{};
+  at.dims = 1;
+  at.size[0] = count;
+  at.pitch[0] = pitch;
+  return at;
 }
 
-UnitView col_units(uint8_t* data, int64_t rows, int64_t row_stride, int64_t unit_bytes) {
-  return UnitView{data, unit_bytes, rows, row_stride, unit_bytes};
+UnitView row_units(uint8_t* data, int64_t row_stride, int64_t row_bytes, int64_t unit_rows) {
+  if (row_stride == row_bytes)  // contiguous rows: a unit is one line
+    return UnitView{data, unit_rows * row_stride, 1, lines_1d(1, 0), unit_rows * row_bytes};
+  return UnitView{data, unit_rows * row_stride, unit_rows, lines_1d(unit_rows, row_stride), row_bytes};
+}
+
+ColView col_rows(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t src_row_stride,
+                 int64_t dst_row_stride, int64_t row_bytes) {
+  return ColView{src, dst, lines_1d(rows, src_row_stride), lines_1d(rows, dst_row_stride), rows,
+                 row_bytes, row_bytes, row_bytes};
 }
 
 int64_t Launch::job_tiles(int j) const {
@@ -171,7 +194,14 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
   return {save, main};
 }
 
-bool gpu_cols_staged_fit(int64_t row_bytes) { return row_bytes <= kGpuTileBudget; }
+// A staged tile holds whole rows (short runs: padded, see col_buf_pitch).
+int64_t col_buf_pitch(int64_t row_bytes, int64_t run, int vec) {
+  // Rows of short runs are staged rows-fastest: a pad of one vector puts
+  // neighbouring rows in different shared-memory banks.
+  return run < row_bytes ? row_bytes + vec : row_bytes;
+}
+
+bool gpu_cols_staged_fit(const ColView& v) { return col_buf_pitch(v.row_bytes, v.run, 16) <= kGpuTileBudget; }
 
 std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const* plans,
                                      const int32_t* const* offsets, int n, const DeviceSpec& dev) {
@@ -187,22 +217,23 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
     // follows the addresses, not the chunks (a 1-byte scale gather still
     // stages and stores 16 bytes at a time).
     p.vec = vector_width({reinterpret_cast<int64_t>(v.src), reinterpret_cast<int64_t>(v.dst),
-                          v.rows > 1 ? v.src_row_stride : 0, v.rows > 1 ? v.dst_row_stride : 0,
-                          v.row_bytes});
+                          pitches_of(v.src_rows, v.rows), pitches_of(v.dst_rows, v.rows), v.row_bytes,
+                          v.run, v.run < v.row_bytes ? v.run_pitch : 0});
     const int64_t chunk = int64_t{1} << p.chunk_shift;
     const bool in_place = v.src == v.dst;
     // Out of place, a destination vector with one contiguous source is
     // staged straight from it (direct); narrower chunks gather from a
     // staged row where the row fits.
-    p.staged = in_place || (chunk < p.vec && gpu_cols_staged_fit(v.row_bytes));
+    p.staged = in_place || v.run < v.row_bytes || (chunk < p.vec && gpu_cols_staged_fit(v));
     int64_t smem;
     if (p.staged) {
       // Enough tiles for every SM twice over, each at most the budget.
+      p.buf_pitch = col_buf_pitch(v.row_bytes, v.run, p.vec);
       p.tile_rows = std::clamp<int64_t>(ceil_div(v.rows, 2 * int64_t{dev.sm_count}), 1,
-                                        std::max<int64_t>(1, kGpuTileBudget / v.row_bytes));
+                                        std::max<int64_t>(1, kGpuTileBudget / p.buf_pitch));
       p.slice_bytes = v.row_bytes;
       p.row_tiles = 1;
-      smem = round_up(p.tile_rows * v.row_bytes, 16);
+      smem = round_up(p.tile_rows * p.buf_pitch, 16);
       l.inflight_bytes[j] = p.tile_rows * v.row_bytes;
     } else {
       p.slice_bytes = std::min(v.row_bytes, kGpuDirectSlice);
@@ -252,7 +283,9 @@ ColJob cpu_col_job(const ColView& v, const ColPlan& plan, int64_t* buffer_bytes)
   p.row_tiles = 1;
   p.tiles = ceil_div(v.rows, p.tile_rows);
   p.vec = 1 << plan.chunk_shift;  // host moves whole chunks (no alignment needed)
-  *buffer_bytes = p.tile_rows * v.row_bytes;
+  p.buf_pitch = v.row_bytes;
+  // Short runs gather each row into one more buffer row, then scatter it.
+  *buffer_bytes = (p.tile_rows + (v.run < v.row_bytes ? 1 : 0)) * v.row_bytes;
   return p;
 }
 

@@ -50,7 +50,7 @@ struct DeviceSpec {
   int threads_per_sm = 2048;
   int regs_per_sm = 65536;
   int max_ctas_per_sm = 32;
-  int regs[3] = {92, 70, 72};  // per thread, by Kernel (kCols: the larger of its two)
+  int regs[3] = {96, 76, 80};  // per thread, by Kernel (kCols: the larger of its two)
 };
 
 // GPU figures, kept here so that the harness and the model see what the GPU gets.
@@ -71,25 +71,30 @@ struct UnitView {
   uint8_t* data;
   int64_t unit_stride;
   int64_t lines;
-  int64_t line_pitch;
+  Lines line_at;
   int64_t line_bytes;
 };
+// One dim of lines: count lines `pitch` bytes apart.
+Lines lines_1d(int64_t count, int64_t pitch);
 // Rows of a tensor (row r at data + r * row_stride, row_bytes contiguous),
 // in units of unit_rows rows.
 UnitView row_units(uint8_t* data, int64_t row_stride, int64_t row_bytes, int64_t unit_rows);
-// Blocks of unit_bytes along each of `rows` rows: the units of an in-place
-// column permutation whose rows are too wide for a tile buffer.
-UnitView col_units(uint8_t* data, int64_t rows, int64_t row_stride, int64_t unit_bytes);
 
-// rows x row_bytes read from src and written gathered to dst (src == dst: in place).
+// rows x row_bytes logical bytes read from src and written gathered to dst
+// (src == dst: in place); see ColJob for rows and runs.
 struct ColView {
   const uint8_t* src;
   uint8_t* dst;
-  int64_t src_row_stride;
-  int64_t dst_row_stride;
+  Lines src_rows;
+  Lines dst_rows;
   int64_t rows;
   int64_t row_bytes;
+  int64_t run;
+  int64_t run_pitch;
 };
+// Rows of contiguous bytes, a constant stride apart.
+ColView col_rows(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t src_row_stride,
+                 int64_t dst_row_stride, int64_t row_bytes);
 
 // One kernel launch: up to kMaxJobs jobs whose tiles share one grid (tile t
 // belongs to the first job while t < its tile count, then to the next).
@@ -127,7 +132,7 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
 // any width.
 std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const* plans,
                                      const int32_t* const* offsets, int n, const DeviceSpec& dev);
-bool gpu_cols_staged_fit(int64_t row_bytes);
+bool gpu_cols_staged_fit(const ColView& view);
 
 // Resident CTAs per SM for a kernel's launch of `threads` and shared memory.
 int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_bytes);

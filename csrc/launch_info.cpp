@@ -6,6 +6,7 @@
 
 #include "launch.h"
 #include "plan.h"
+#include "strided.h"
 
 namespace flashmla_perm {
 namespace {
@@ -70,46 +71,69 @@ PyObject* launch_dict(const Launch& l) {
   return d;
 }
 
-// The launches apply.cpp makes for each op on contiguous tensors.
+int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
+
+// The views apply.cpp makes (csrc/strided.h), and their launches.
+std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_t scale_words, bool mn_major,
+                                  const DeviceSpec& dev) {
+  const RowPlan plan = make_row_plan(q_fused_permutation(heads, rows / heads));
+  // fp8 weight [rows, k]; scale: uint8 [rows, k / 32], or int32 [rows, W] MN-major (strides (1, align4(rows))).
+  const std::vector<UnitView> w = unit_views(fake_address(0), {rows, k}, plan.unit_rows, {{k, 1}}, 1);
+  const std::vector<UnitView> s =
+      mn_major ? unit_views(fake_address(1), {rows, 4}, plan.unit_rows, {{scale_words, 4 * align4(rows)}}, 4)
+               : unit_views(fake_address(1), {rows, k / 32}, plan.unit_rows, {{k / 32, 1}}, 1);
+  const UnitView views[] = {w.front(), s.front()};
+  return gpu_row_launches(views, 2, plan, nullptr, nullptr, dev);
+}
+
+std::vector<Launch> wo_a_launches(int64_t groups, int64_t out, int64_t cols, int64_t group, bool packed,
+                                  const DeviceSpec& dev) {
+  const int64_t rows = groups * out;
+  const ColPlan w = make_col_plan(o_fused_permutation(group, cols / group), 1);
+  const ColPlan s = make_col_plan(o_fused_chunk_permutation(group, cols / group), 1);
+  const ColView wv = col_views_in_place(fake_address(0), {{rows, cols}}, cols, cols, cols).front();
+  // Packed int32 [groups, out, cols / 128], stride(1) == 1: runs of 4 bytes, words align4(out) * 4 apart.
+  const int64_t words = cols / 128, pitch = 4 * align4(out);
+  const ColView sv = packed ? col_views_in_place(fake_address(1), {{out, 4}, {groups, words * pitch}}, 4 * words,
+                                                 4, pitch).front()
+                            : col_views_in_place(fake_address(1), {{rows, cols / 32}}, cols / 32, cols / 32,
+                                                 cols / 32).front();
+  const ColView views[] = {wv, sv};
+  const ColPlan* plans[] = {&w, &s};
+  const int32_t* offsets[] = {nullptr, nullptr};
+  return gpu_col_launches(views, plans, offsets, 2, dev);
+}
+
+// The launches apply.cpp makes for each op.
 std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_t>& dims,
                                  const DeviceSpec& dev) {
-  if (op == "wq_b" && dims.size() == 3) {  // rows, k, num_local_heads (fp8 weight, per-32 uint8 scale)
-    const int64_t rows = dims[0], k = dims[1], heads = dims[2];
-    const RowPlan plan = make_row_plan(q_fused_permutation(heads, rows / heads));
-    const UnitView views[] = {row_units(fake_address(0), k, k, plan.unit_rows),
-                              row_units(fake_address(1), k / 32, k / 32, plan.unit_rows)};
-    return gpu_row_launches(views, 2, plan, nullptr, nullptr, dev);
-  }
-  if (op == "wo_a" && dims.size() == 3) {  // rows, cols, heads_per_group
-    const int64_t rows = dims[0], cols = dims[1], group = dims[2];
-    const ColPlan w = make_col_plan(o_fused_permutation(group, cols / group), 1);
-    const ColPlan s = make_col_plan(o_fused_chunk_permutation(group, cols / group), 1);
-    const ColView views[] = {{fake_address(0), fake_address(0), cols, cols, rows, cols},
-                             {fake_address(1), fake_address(1), cols / 32, cols / 32, rows, cols / 32}};
-    const ColPlan* plans[] = {&w, &s};
-    const int32_t* offsets[] = {nullptr, nullptr};
-    return gpu_col_launches(views, plans, offsets, 2, dev);
-  }
+  if (op == "wq_b" && dims.size() == 3)  // rows, k, num_local_heads (fp8 weight, per-32 uint8 scale)
+    return wq_b_launches(dims[0], dims[1], dims[2], 0, false, dev);
+  if (op == "wq_b_packed" && dims.size() == 4)  // rows, k, num_local_heads, gran (MN-major int32 scale)
+    return wq_b_launches(dims[0], dims[1], dims[2], dims[1] / (4 * dims[3]), true, dev);
+  if (op == "wo_a" && dims.size() == 3)  // rows, cols, heads_per_group
+    return wo_a_launches(1, dims[0], dims[1], dims[2], false, dev);
+  if (op == "wv_packed" && dims.size() == 4)  // n_groups, out, cols, heads_per_group (3-D, packed MN-major scale)
+    return wo_a_launches(dims[0], dims[1], dims[2], dims[3], true, dev);
   if (op == "permute_q" && dims.size() == 4) {  // tokens, heads, head_dim, element_size
     const int64_t tokens = dims[0], heads = dims[1], head_dim = dims[2], esize = dims[3];
     const ColPlan plan = make_col_plan(q_fused_permutation(heads, head_dim), esize);
     const int64_t row = heads * head_dim * esize;
-    const ColView view{fake_address(0), fake_address(1), row, row, tokens, row};
+    const ColView view = col_rows(fake_address(0), fake_address(1), tokens, row, row, row);
     const ColPlan* plans[] = {&plan};
     const int32_t* offsets[] = {nullptr};
     return gpu_col_launches(&view, plans, offsets, 1, dev);
   }
   throw std::invalid_argument(
-      "gpu_launches: op must be 'wq_b' (rows, k, num_local_heads), 'wo_a' (rows, cols, "
-      "heads_per_group) or 'permute_q' (tokens, heads, head_dim, element_size), got '" + op +
+      "gpu_launches: op must be 'wq_b' (rows, k, num_local_heads), 'wq_b_packed' (rows, k, "
+      "num_local_heads, gran), 'wo_a' (rows, cols, heads_per_group), 'wv_packed' (n_groups, out, "
+      "cols, heads_per_group) or 'permute_q' (tokens, heads, head_dim, element_size), got '" + op +
       "' with " + std::to_string(dims.size()) + " dims");
 }
 
 }  // namespace
 
-// gpu_launches(op, dims, device=None): op 'wq_b' (rows, k, num_local_heads),
-// 'wo_a' (rows, cols, heads_per_group) or 'permute_q' (tokens, heads,
-// head_dim, element_size); device: DeviceSpec fields (launch.h), H200 by
+// gpu_launches(op, dims, device=None): op as launches_for above; device: DeviceSpec fields (launch.h), H200 by
 // default; registers as regs_rows, regs_save_heads, regs_cols, or
 // regs_per_thread for all three. Returns one dict per launch: kernel, grid, threads, smem_bytes,
 // ctas_per_sm, tiles, jobs (kind, vec, tiles, bytes, max_tile_bytes,

@@ -1,30 +1,22 @@
-// Which tensor layouts the tile bodies handle. Anything else takes the ATen
-// path (same bytes as the reference), never an error.
+// A tensor's layout in the terms of csrc/strided.h (bytes), and the bit view
+// the ATen path gathers on.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <optional>
+#include <vector>
+
+#include "strided.h"
 
 namespace flashmla_perm {
 
-// Rows along dim 0, each row one contiguous block that no other row overlaps:
-// row r starts at data + r * row_stride and is row_bytes contiguous bytes.
-struct RowTarget {
-  uint8_t* data;
-  int64_t row_stride;
-  int64_t row_bytes;
-};
-std::optional<RowTarget> row_target(const at::Tensor& t);
-
-// Rows of the last dim: last dim contiguous, leading dims collapse into one
-// row stride, rows do not overlap.
-struct ColShape {
-  int64_t rows;
-  int64_t row_stride;  // bytes
-  int64_t row_bytes;
-};
-std::optional<ColShape> col_shape(const at::Tensor& t);
+uint8_t* bytes_of(const at::Tensor& t);
+// Dim `dim` of t (sizes in elements, pitches in bytes).
+Dim dim_of(const at::Tensor& t, int64_t dim);
+// Every dim but `dim`, innermost (last) first.
+std::vector<Dim> dims_except(const at::Tensor& t, int64_t dim);
+// No two elements share a byte (provably_disjoint).
+bool disjoint(const at::Tensor& t);
 
 // Same bytes, as an integer dtype of the same size (bit-exact gathers).
 at::Tensor bits_view(const at::Tensor& t);

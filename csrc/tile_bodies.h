@@ -134,15 +134,65 @@ FLASHMLA_PERM_BODY void copy_rect_serial(uint8_t* dst, int64_t dst_pitch, const 
     std::memcpy(dst + r * dst_pitch, src + r * src_pitch, static_cast<size_t>(bytes));
 }
 
+// Where line l of a set of lines starts: l as a mixed-radix index over up to
+// kMaxLineDims dims, inner first (a unit's lines, or a column job's rows, in
+// any strided layout). One dim is the common case and costs one multiply.
+// With more, the set holds fewer than kMaxMixedLines lines (csrc/strided.cpp
+// cuts bigger ones into several), so the digits come from 32-bit divisions:
+// a 64-bit divide is a long subroutine on the GPU, which spilled registers.
+constexpr int kMaxLineDims = 4;
+constexpr int64_t kMaxMixedLines = int64_t{1} << 31;
+struct Lines {
+  int dims;                      // 1 .. kMaxLineDims
+  int64_t size[kMaxLineDims];    // lines along each dim (the outermost may be anything)
+  int64_t pitch[kMaxLineDims];   // bytes between neighbours along each dim
+  FLASHMLA_PERM_HOST_DEVICE int64_t offset(int64_t line) const {
+    if (dims == 1) return line * pitch[0];
+    uint32_t l = static_cast<uint32_t>(line);  // < kMaxMixedLines
+    int64_t off = 0;
+    // Constant indices only (unrolled): an indexed kernel parameter would
+    // need a stack frame.
+    FLASHMLA_PERM_UNROLL
+    for (int i = 0; i < kMaxLineDims; ++i) {
+      if (i + 1 < dims) {
+        const uint32_t n = static_cast<uint32_t>(size[i]);
+        const uint32_t q = l / n;
+        off += static_cast<int64_t>(l - q * n) * pitch[i];
+        l = q;
+      } else if (i + 1 == dims) {
+        off += static_cast<int64_t>(l) * pitch[i];
+      }
+    }
+    return off;
+  }
+};
+
+// One thread: nl lines of `width` bytes, line l from src + src_at.offset(l0 + l)
+// to dst + dst_at.offset(l0 + l) (or packed, `width` apart, where an `at` is null).
+FLASHMLA_PERM_BODY void copy_lines_serial(uint8_t* dst, const Lines* dst_at, const uint8_t* src,
+                                          const Lines* src_at, int64_t l0, int64_t nl, int64_t width) {
+  const bool simple = (!dst_at || dst_at->dims == 1) && (!src_at || src_at->dims == 1);
+  if (simple) {
+    const int64_t dp = dst_at ? dst_at->pitch[0] : width, sp = src_at ? src_at->pitch[0] : width;
+    copy_rect_serial(dst + (dst_at ? l0 * dp : 0), dp, src + (src_at ? l0 * sp : 0), sp, nl, width);
+    return;
+  }
+  for (int64_t l = 0; l < nl; ++l)
+    std::memcpy(dst + (dst_at ? dst_at->offset(l0 + l) : l * width),
+                src + (src_at ? src_at->offset(l0 + l) : l * width), static_cast<size_t>(width));
+}
+
 // ---------------------------------------------------------------------------
 // Permutation of units by cycle segments (see DESIGN.md).
 //
-// A unit is a rectangle: `lines` lines of `line_bytes` contiguous bytes,
-// `line_pitch` apart; unit u starts at data + u * unit_stride. Rows of a
-// tensor are units of `unit_rows` rows (unit_stride = unit_rows * row stride);
-// blocks of columns are units too (unit_stride = block bytes, one line per
-// row), which is how an in-place column permutation too wide for a tile
-// buffer runs. Destination unit order[k] receives source unit order[k + 1]
+// A unit is `lines` lines of `line_bytes` contiguous bytes, line l at
+// line_at.offset(l) from the unit's start; unit u starts at data + u *
+// unit_stride. That covers a permuted dim of any strided tensor: unit u is
+// the sub-tensor at index u (g consecutive indices where the permutation
+// moves blocks of g), its other dims the lines (csrc/strided.h). Rows of a
+// contiguous tensor are one line per unit; a permuted dim of stride 1 makes
+// units of g elements, one line per index of the other dims (MN-major
+// scales, and in-place column permutations too wide for a tile buffer). Destination unit order[k] receives source unit order[k + 1]
 // inside a segment; the segment's last destination receives either its own
 // first unit (the segment is a whole cycle) or the first unit of the next
 // segment, which the save pass put into scratch.
@@ -154,7 +204,7 @@ struct RowJob {
   uint8_t* data;
   int64_t unit_stride;    // bytes from unit u to unit u + 1
   int64_t lines;          // lines per unit
-  int64_t line_pitch;     // bytes from one line of a unit to the next
+  Lines line_at;          // where line l of a unit starts, from the unit's start
   int64_t line_bytes;     // contiguous bytes of one line
   const int64_t* order;   // units in cycle order, cycle after cycle
   const int64_t* segments;  // per segment: first position, length, tail slot (-1: own first unit)
@@ -197,19 +247,21 @@ struct RowTileGeometry {
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t tile) {
   const RowTileGeometry g(p, tile);
-  const uint8_t* src = p.data + p.order[p.segments[3 * g.seg]] * p.unit_stride +
-                       g.line0 * p.line_pitch + g.col;
+  const uint8_t* src = p.data + p.order[p.segments[3 * g.seg]] * p.unit_stride + g.col;
   uint8_t* dst = p.scratch + g.seg * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
   if constexpr (Ctx::kSerial) {
-    copy_rect_serial(dst, p.line_bytes, src, p.line_pitch, g.nl, g.width);
+    // Scratch lines are line_bytes apart: copy_lines_serial's packed side
+    // would put them `width` apart, so go line by line.
+    for (int64_t l = 0; l < g.nl; ++l)
+      std::memcpy(dst + l * p.line_bytes, src + p.line_at.offset(g.line0 + l), static_cast<size_t>(g.width));
   } else {
     const uint32_t per_line = static_cast<uint32_t>(g.width / V);
-    const int64_t pitch = p.line_pitch, sbytes = p.line_bytes;
+    const int64_t sbytes = p.line_bytes;
     store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, [&](uint32_t i, uint8_t*& d) {
       const uint32_t l = i / per_line;
       const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
       d = dst + l * sbytes + c;
-      return load_vec<V>(src + l * pitch + c);
+      return load_vec<V>(src + p.line_at.offset(g.line0 + l) + c);
     });
   }
 }
@@ -220,9 +272,8 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
   const int64_t* pos = p.order + p.segments[3 * g.seg];
   const int64_t len = p.segments[3 * g.seg + 1];
   const int64_t tail = p.segments[3 * g.seg + 2];
-  const int64_t pitch = p.line_pitch;
   const int64_t width = g.width;
-  uint8_t* const base = p.data + g.line0 * pitch + g.col;
+  uint8_t* const base = p.data + g.col;
   auto unit = [&](int64_t u) { return base + u * p.unit_stride; };
   const uint8_t* scratch_src =
       tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
@@ -231,13 +282,17 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     // One thread, step 1: each unit goes straight from its source to its
     // destination, which the previous step just read (still in cache). Only
     // the first unit of a whole cycle needs the buffer.
-    if (tail < 0) copy_rect_serial(buf, width, unit(pos[0]), pitch, g.nl, width);
-    for (int64_t k = 0; k + 1 < len; ++k)
-      copy_rect_serial(unit(pos[k]), pitch, unit(pos[k + 1]), pitch, g.nl, width);
-    if (tail < 0)
-      copy_rect_serial(unit(pos[len - 1]), pitch, buf, width, g.nl, width);
-    else
-      copy_rect_serial(unit(pos[len - 1]), pitch, scratch_src, p.line_bytes, g.nl, width);
+    const Lines* at = &p.line_at;
+    const int64_t l0 = g.line0, nl = g.nl;
+    if (tail < 0) copy_lines_serial(buf, nullptr, unit(pos[0]), at, l0, nl, width);
+    for (int64_t k = 0; k + 1 < len; ++k) copy_lines_serial(unit(pos[k]), at, unit(pos[k + 1]), at, l0, nl, width);
+    if (tail < 0) {
+      copy_lines_serial(unit(pos[len - 1]), at, buf, nullptr, l0, nl, width);
+    } else {
+      for (int64_t l = 0; l < nl; ++l)
+        std::memcpy(unit(pos[len - 1]) + at->offset(l0 + l), scratch_src + l * p.line_bytes,
+                    static_cast<size_t>(width));
+    }
     return;
   } else {
     // Buffer 0: the segment's own first unit (whole cycles); buffer 1 + i:
@@ -259,7 +314,7 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
                        const uint32_t l = r / per_line;
                        const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
                        b = buf + j * buf_bytes + l * width + c;
-                       s = unit(pos[j == 0 ? 0 : k0 + j]) + l * pitch + c;
+                       s = unit(pos[j == 0 ? 0 : k0 + j]) + p.line_at.offset(g.line0 + l) + c;
                      });
       ctx.stage_wait();
       ctx.sync();
@@ -269,7 +324,7 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
         const uint32_t l = r / per_line;
         const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
         const int64_t k = k0 + ii;
-        d = unit(pos[k]) + l * pitch + c;
+        d = unit(pos[k]) + p.line_at.offset(g.line0 + l) + c;
         if (k + 1 < len) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);
         if (tail < 0) return load_vec<V>(buf + l * width + c);
         return load_vec<V>(scratch_src + l * sbytes + c);
@@ -280,62 +335,91 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
 }
 
 // ---------------------------------------------------------------------------
-// Column permutation within rows (the last dim), by a byte gather map:
-// destination chunk j of a row comes from source byte offset[j] of the same
-// row, chunks of 1 << shift bytes (the permutation's runs, at most 64 bytes).
+// Column permutation within rows, by a byte gather map: destination chunk j
+// of a row comes from source byte offset[j] of the same row, chunks of
+// 1 << shift bytes (the permutation's runs, at most 64 bytes).
+//
+// A row is `row_bytes` logical bytes: contiguous, or (run < row_bytes) runs
+// of `run` contiguous bytes, `run_pitch` apart; logical byte b sits at
+// (b / run) * run_pitch + b % run. That is a permuted dim of stride 1 (one
+// run), and a permuted index spread over two dims: the four bytes of each
+// int32 word of an MN-major packed scale (run 4, words a row of storage
+// apart). Rows sit at src_rows / dst_rows offsets (any strided layout).
 //
 // Staged tiles (in place, or rows narrow enough): a tile of whole rows is
-// staged and written back gathered; in place when src == dst (a tile reads
-// only its own rows, all of them before the barrier). Direct tiles (out of
-// place, any width): a slice of destination bytes is staged from its
-// gathered sources and written out contiguously; chunks narrower than V are
-// read straight from memory and assembled in registers.
+// staged, logical bytes in order, and written back gathered; in place when
+// src == dst (a tile reads only its own rows, all of them before the
+// barrier). Direct tiles (out of place, any width, run == row_bytes): a
+// slice of destination bytes is staged from its gathered sources and written
+// out contiguously; chunks narrower than V are read straight from memory and
+// assembled in registers.
 struct ColJob {
   const uint8_t* src;
   uint8_t* dst;
-  int64_t src_row_stride;        // bytes
-  int64_t dst_row_stride;        // bytes
+  Lines src_rows;                // where row r starts
+  Lines dst_rows;
   int64_t rows;
-  int64_t row_bytes;
+  int64_t row_bytes;             // logical bytes of a row
+  int64_t run;                   // contiguous bytes (divides row_bytes)
+  int64_t run_pitch;             // bytes from one run to the next
   const int32_t* source_offset;  // per destination chunk of a row: source byte offset
   int chunk_shift;               // log2(chunk bytes)
   int staged;                    // 1: whole rows staged; 0: direct
   int64_t tile_rows;             // rows of one tile
+  int64_t buf_pitch;             // staged: bytes from one row of the tile buffer to the next
   int64_t slice_bytes;           // direct: destination bytes of each row of one tile
   int64_t row_tiles;             // direct: tiles across a row
   int64_t tiles;
   int vec;                       // vector width V
 };
 
+// Where logical byte b (a multiple of V, with V dividing run) of a row sits.
+FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, int64_t b) {
+  if (p.run == p.row_bytes) return b;
+  const int64_t k = b / p.run;
+  return k * p.run_pitch + (b - k * p.run);
+}
+
 // One thread, host executors: V is the chunk size, so chunk j is simply
 // offset[j]. Locals, not p's fields: byte stores may alias them.
 template <int V>
-inline void gather_rows_serial(const ColJob& p, const uint8_t* rows_in, int64_t in_pitch,
-                               uint8_t* out_rows, int64_t nr) {
-  const int32_t* offset = p.source_offset;
-  const int64_t chunks = p.row_bytes / V;
-  const int64_t out_pitch = p.dst_row_stride;
-  for (int64_t r = 0; r < nr; ++r) {
-    const uint8_t* row = rows_in + r * in_pitch;
-    uint8_t* out = out_rows + r * out_pitch;
-    int64_t j = 0;
-    if constexpr (V < 8) {
-      // Chunks under 8 bytes (the per-32-column scales move byte by byte)
-      // are assembled into one 8-byte store in a register; little-endian.
-      using T = typename VecOf<V>::type;
-      constexpr int kPer = 8 / V;
-      for (; j + kPer <= chunks; j += kPer) {
-        uint64_t packed = 0;
-        for (int i = 0; i < kPer; ++i) {
-          T piece;
-          std::memcpy(&piece, row + offset[j + i], V);
-          packed |= static_cast<uint64_t>(piece) << (8 * V * i);
-        }
-        std::memcpy(out + j * V, &packed, 8);
+inline void gather_row_serial(const int32_t* offset, int64_t row_bytes, const uint8_t* row, uint8_t* out) {
+  const int64_t chunks = row_bytes / V;
+  int64_t j = 0;
+  if constexpr (V < 8) {
+    // Chunks under 8 bytes (the per-32-column scales move byte by byte)
+    // are assembled into one 8-byte store in a register; little-endian.
+    using T = typename VecOf<V>::type;
+    constexpr int kPer = 8 / V;
+    for (; j + kPer <= chunks; j += kPer) {
+      uint64_t packed = 0;
+      for (int i = 0; i < kPer; ++i) {
+        T piece;
+        std::memcpy(&piece, row + offset[j + i], V);
+        packed |= static_cast<uint64_t>(piece) << (8 * V * i);
       }
+      std::memcpy(out + j * V, &packed, 8);
     }
-    for (; j < chunks; ++j) std::memcpy(out + j * V, row + offset[j], V);
   }
+  for (; j < chunks; ++j) std::memcpy(out + j * V, row + offset[j], V);
+}
+
+// Host executors: `runs` runs of `run` bytes, `pitch` apart in memory and
+// packed in a buffer. The packed scales' 4-byte runs move as fixed-size
+// copies (a memcpy of a runtime size is a library call per run).
+inline void pack_runs(uint8_t* packed, const uint8_t* s, int64_t runs, int64_t run, int64_t pitch) {
+  if (run == 4) {
+    for (int64_t k = 0; k < runs; ++k) std::memcpy(packed + 4 * k, s + k * pitch, 4);
+    return;
+  }
+  for (int64_t k = 0; k < runs; ++k) std::memcpy(packed + k * run, s + k * pitch, static_cast<size_t>(run));
+}
+inline void unpack_runs(uint8_t* d, const uint8_t* packed, int64_t runs, int64_t run, int64_t pitch) {
+  if (run == 4) {
+    for (int64_t k = 0; k < runs; ++k) std::memcpy(d + k * pitch, packed + 4 * k, 4);
+    return;
+  }
+  for (int64_t k = 0; k < runs; ++k) std::memcpy(d + k * pitch, packed + k * run, static_cast<size_t>(run));
 }
 
 template <int V, class Ctx>
@@ -343,35 +427,69 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
   const int64_t r0 = tile * p.tile_rows;
   const int64_t nr = min_of(p.tile_rows, p.rows - r0);
   const int64_t rb = p.row_bytes;
-  const uint8_t* src = p.src + r0 * p.src_row_stride;
-  uint8_t* dst = p.dst + r0 * p.dst_row_stride;
   if constexpr (Ctx::kSerial) {
-    copy_rect_serial(buf, rb, src, p.src_row_stride, nr, rb);
-    gather_rows_serial<V>(p, buf, rb, dst, nr);
+    // Rows staged in the buffer (logical bytes in order), gathered into its
+    // last row, which goes back out run by run.
+    const int64_t run = p.run, pitch = p.run_pitch, runs = rb / run;
+    const int32_t* offset = p.source_offset;
+    uint8_t* out = buf + nr * rb;
+    for (int64_t r = 0; r < nr; ++r) {
+      const uint8_t* s = p.src + p.src_rows.offset(r0 + r);
+      if (runs == 1)
+        std::memcpy(buf + r * rb, s, static_cast<size_t>(rb));
+      else
+        pack_runs(buf + r * rb, s, runs, run, pitch);
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      uint8_t* d = p.dst + p.dst_rows.offset(r0 + r);
+      if (runs == 1) {
+        gather_row_serial<V>(offset, rb, buf + r * rb, d);
+      } else {
+        gather_row_serial<V>(offset, rb, buf + r * rb, out);
+        unpack_runs(d, out, runs, run, pitch);
+      }
+    }
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
-    const int64_t src_stride = p.src_row_stride, dst_stride = p.dst_row_stride;
-    stage_items<V>(ctx, static_cast<uint32_t>(nr) * per_row,
-                   [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-                     const uint32_t r = i / per_row;
-                     const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-                     b = buf + r * rb + c;
-                     s = src + r * src_stride + c;
-                   });
+    const uint32_t nrows = static_cast<uint32_t>(nr);
+    const int64_t bp = p.buf_pitch;
+    // Item i: row r, vector k of the row. Whole runs: the row's vectors
+    // are neighbours in memory (k fastest). Short runs: neighbouring rows
+    // are (the words of an MN-major scale), so r goes fastest.
+    const bool rows_fastest = p.run < rb;
+    auto split = [&](uint32_t i, uint32_t& r, int64_t& b) {
+      uint32_t k;
+      if (rows_fastest) {
+        k = i / nrows;
+        r = i - k * nrows;
+      } else {
+        r = i / per_row;
+        k = i - r * per_row;
+      }
+      b = static_cast<int64_t>(k) * V;
+    };
+    stage_items<V>(ctx, nrows * per_row, [&](uint32_t i, uint8_t*& d, const uint8_t*& s) {
+      uint32_t r;
+      int64_t b;
+      split(i, r, b);
+      d = buf + r * bp + b;
+      s = p.src + p.src_rows.offset(r0 + r) + col_byte_at(p, b);
+    });
     ctx.stage_wait();
     ctx.sync();
     const int32_t* offset = p.source_offset;
     const int shift = p.chunk_shift;
     auto gathered = [&](uint32_t i, uint8_t*& d) {
-      const uint32_t r = i / per_row;
-      const int64_t b = static_cast<int64_t>(i - r * per_row) * V;
-      d = dst + r * dst_stride + b;
-      return gather_vec<V>(buf + r * rb, offset, shift, b);
+      uint32_t r;
+      int64_t b;
+      split(i, r, b);
+      d = p.dst + p.dst_rows.offset(r0 + r) + col_byte_at(p, b);
+      return gather_vec<V>(buf + r * bp, offset, shift, b);
     };
     if ((1 << shift) >= V)
-      store_items<V>(ctx, static_cast<uint32_t>(nr) * per_row, gathered);
+      store_items<V>(ctx, nrows * per_row, gathered);
     else
-      store_items<V, 1>(ctx, static_cast<uint32_t>(nr) * per_row, gathered);
+      store_items<V, 1>(ctx, nrows * per_row, gathered);
     ctx.sync();  // the next tile reuses the buffer
   }
 }
@@ -385,12 +503,11 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
   const int64_t nr = min_of(p.tile_rows, p.rows - r0);
   const int64_t width = min_of(p.slice_bytes, p.row_bytes - b0);
   const uint32_t per_row = static_cast<uint32_t>(width / V);
-  const uint8_t* src = p.src + r0 * p.src_row_stride;
-  uint8_t* dst = p.dst + r0 * p.dst_row_stride + b0;
-  const int64_t src_stride = p.src_row_stride, dst_stride = p.dst_row_stride;
   const int32_t* offset = p.source_offset;
   const int shift = p.chunk_shift;
   const uint32_t total = static_cast<uint32_t>(nr) * per_row;
+  auto src_row = [&](uint32_t r) { return p.src + p.src_rows.offset(r0 + r); };
+  auto dst_row = [&](uint32_t r) { return p.dst + p.dst_rows.offset(r0 + r) + b0; };
   if ((1 << shift) >= V) {
     // Each destination vector has one contiguous source: stage it.
     const int64_t mask = (int64_t{1} << shift) - 1;
@@ -398,13 +515,13 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
       const uint32_t r = i / per_row;
       const int64_t c = b0 + static_cast<int64_t>(i - r * per_row) * V;
       b = buf + static_cast<int64_t>(i) * V;
-      s = src + r * src_stride + offset[c >> shift] + (c & mask);
+      s = src_row(r) + offset[c >> shift] + (c & mask);
     });
     ctx.stage_wait();
     ctx.sync();
     store_items<V>(ctx, total, [&](uint32_t i, uint8_t*& d) {
       const uint32_t r = i / per_row;
-      d = dst + r * dst_stride + static_cast<int64_t>(i - r * per_row) * V;
+      d = dst_row(r) + static_cast<int64_t>(i - r * per_row) * V;
       return load_vec<V>(buf + static_cast<int64_t>(i) * V);
     });
     ctx.sync();
@@ -412,8 +529,8 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     store_items<V, 1>(ctx, total, [&](uint32_t i, uint8_t*& d) {
       const uint32_t r = i / per_row;
       const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-      d = dst + r * dst_stride + c;
-      return gather_vec<V>(src + r * src_stride, offset, shift, b0 + c);
+      d = dst_row(r) + c;
+      return gather_vec<V>(src_row(r), offset, shift, b0 + c);
     });
   }
 }

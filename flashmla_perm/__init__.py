@@ -11,6 +11,7 @@ import re
 import torch
 
 from . import _ops
+from . import flashmla
 from ._version import __version__
 from .reference import (
     HEAD_DIM,
@@ -27,7 +28,8 @@ __all__ = [
     "HEAD_DIM", "Q_CHUNK", "O_CHUNK", "WV_GROUP_SIZE",
     "q_fused_permutation", "o_fused_permutation", "o_fused_chunk_permutation",
     "inverse_permutation", "permute_q_to_fused", "permute_q_from_fused",
-    "permute_wq_b_", "unpermute_wq_b_", "permute_wo_a_", "unpermute_wo_a_", "build_info",
+    "permute_wq_b_", "unpermute_wq_b_", "permute_wo_a_", "unpermute_wo_a_", "permute_",
+    "build_info",
 ]
 
 _ops_ns = torch.ops.flashmla_perm
@@ -43,8 +45,17 @@ def permute_q_from_fused(q: torch.Tensor) -> torch.Tensor:
     return _ops_ns.permute_q(q, True)
 
 
+def permute_(t: torch.Tensor, perm: torch.Tensor, dim: int = 0) -> None:
+    """``t.copy_(t.index_select(dim, perm))`` in place, bits exact: any dim
+    (negative too), any rank >= 1, any dtype, any strides whose elements do
+    not overlap (transposed, stepped slices, storage offsets). Bytes of the
+    storage outside the view never move."""
+    _ops_ns.permute_(t, perm, dim)
+
+
 def permute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_heads: int) -> None:
-    """Permute the rows of a ``wq_b`` shard and its per-row scale in place."""
+    """Permute the rows of a ``wq_b`` shard and its per-row scale in place (any
+    strides and dtypes: DeepGEMM's packed MN-major int32 scale too)."""
     _ops_ns.permute_wq_b_(weight, weight_scale, num_local_heads)
 
 
@@ -56,7 +67,9 @@ def unpermute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_
 def permute_wo_a_(
     weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
 ) -> None:
-    """Permute the input columns of a ``wo_a`` shard and its per-32 scale in place."""
+    """Permute the input columns of a ``wo_a`` shard (``[rows, G * D]`` or
+    ``[n_groups, out, G * D]``) and its scale in place: one scale element per 32
+    columns, or int32 with four packed ue8m0 bytes per word (bytes cross words)."""
     _ops_ns.permute_wo_a_(weight, weight_scale, heads_per_group)
 
 

@@ -8,16 +8,35 @@ Q_CHUNK = 16
 O_CHUNK = 32
 
 
+def _surely_non_overlapping(t: torch.Tensor) -> bool:
+    """A sufficient condition for distinct elements to have distinct addresses
+    (csrc/checks.cpp has the same): the dims of size > 1, by stride ascending,
+    each stride at least the span of the dims before it. Layouts it cannot
+    prove (some interleavings that do not overlap) are refused, like overlaps."""
+    sizes, strides = list(t.shape), list(t.stride())
+    if not all(isinstance(v, int) for v in sizes + strides):
+        return True  # symbolic shapes (torch.compile): left to the real kernel
+    if 0 in sizes:
+        return True
+    span = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1):
+        if stride <= 0 or stride < span:
+            return False
+        span += (size - 1) * stride
+    return True
+
+
 def writable(t: torch.Tensor, op: str, name: str) -> None:
     if t.requires_grad and torch.is_grad_enabled():
         raise ValueError(
             f"{op}: {name} requires grad; permute weights under torch.no_grad() "
             "or on a detached tensor"
         )
-    if torch._debug_has_internal_overlap(t) == 1:
+    if torch._debug_has_internal_overlap(t) == 1 or not _surely_non_overlapping(t):
         raise ValueError(
             f"{op}: {name} has overlapping memory (several elements share bytes, e.g. from "
-            "expand); an in-place permutation would corrupt it"
+            "expand), or interleaved strides that cannot be proven apart; an in-place "
+            "permutation would corrupt it (permute a .contiguous() copy)"
         )
 
 
@@ -127,14 +146,148 @@ def wq_b(weight, weight_scale, num_local_heads, op="permute_wq_b_") -> None:
 
 
 def wo_a(weight, weight_scale, heads_per_group, op="permute_wo_a_") -> None:
-    weight_and_scale(weight, weight_scale, heads_per_group, "heads_per_group", op)
-    cols = weight.shape[1]
-    head_dim_of(weight, 1, heads_per_group, "heads_per_group", O_CHUNK, op)
-    if list(weight_scale.shape) != [weight.shape[0], cols // O_CHUNK]:
+    """weight ``[rows, G * D]`` or ``[n_groups, out, G * D]``; weight_scale the same
+    leading dims and one scale per 32 columns, or (int32) four packed per word."""
+    writable(weight, op, "weight")
+    writable(weight_scale, op, "weight_scale")
+    if weight.dim() not in (2, 3):
+        raise ValueError(f"{op}: weight must be 2-D or 3-D, got shape {list(weight.shape)}")
+    if weight_scale.dim() != weight.dim():
         raise ValueError(
-            f"{op}: weight_scale must have shape [{weight.shape[0]}, {cols // O_CHUNK}] (one "
-            f"scale per 32 columns of weight), got {list(weight_scale.shape)}"
+            f"{op}: weight_scale must be {weight.dim()}-D like weight, got shape "
+            f"{list(weight_scale.shape)}"
         )
+    positive(heads_per_group, op, "heads_per_group")
+    pair(weight, weight_scale, op, "weight", "weight_scale")
+    cols = weight.shape[-1]
+    head_dim_of(weight, weight.dim() - 1, heads_per_group, "heads_per_group", O_CHUNK, op)
+    if wo_a_scale_form(weight, weight_scale) is None:
+        lead = list(weight.shape[:-1])
+        raise ValueError(
+            f"{op}: weight_scale must have shape {lead + [cols // O_CHUNK]} (one scale per 32 "
+            f"columns of weight) or, int32, {lead + [cols // PACKED_COLUMNS]} (four packed "
+            f"scales per word), got {list(weight_scale.shape)}"
+        )
+
+
+PACKED_COLUMNS = 4 * O_CHUNK  # weight columns one packed int32 scale word covers
+
+
+def wo_a_scale_form(weight, weight_scale):
+    """"elements" (one scale element per 32 columns), "packed" (int32, four ue8m0
+    bytes per word), or None when weight_scale fits neither."""
+    lead, cols = list(weight.shape[:-1]), weight.shape[-1]
+    shape = list(weight_scale.shape)
+    if shape == lead + [cols // O_CHUNK]:
+        return "elements"
+    if (weight_scale.dtype == torch.int32 and cols % PACKED_COLUMNS == 0
+            and shape == lead + [cols // PACKED_COLUMNS]):
+        return "packed"
+    return None
+
+
+def align4(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def _two_tensors(weight_and_scale, op):
+    if len(weight_and_scale) != 2:
+        raise ValueError(
+            f"{op}: weight_and_scale must be (weight, scale), got {len(weight_and_scale)} tensors"
+        )
+    return weight_and_scale
+
+
+def _fp8_weight(weight, op):
+    if weight.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"{op}: weight must be float8_e4m3fn, got {weight.dtype}")
+
+
+def _packed_scale_dtype(scale, op):
+    if scale.dtype != torch.int32:
+        raise TypeError(f"{op}: scale must be int32 (packed ue8m0), got {scale.dtype}")
+
+
+def _drop_in_inputs(weight_and_scale, rank, heads, heads_name, head_dim, head_dim_name, chunk, op):
+    """The drop-ins' common checks (csrc/ops.cpp, drop_in_inputs): (weight, scale),
+    an fp8 weight of `rank` dims, `heads` heads of `head_dim`, a multiple of `chunk`."""
+    weight, scale = _two_tensors(weight_and_scale, op)
+    dim(weight, rank, op, "weight")
+    _fp8_weight(weight, op)
+    positive(heads, op, heads_name)
+    positive(head_dim, op, head_dim_name)
+    if head_dim % chunk:
+        raise ValueError(f"{op}: {head_dim_name} ({head_dim}) must be a multiple of {chunk}")
+    return weight, scale
+
+
+def q_b_proj(weight_and_scale, h_q, d_q, op="permute_q_b_proj") -> None:
+    """FlashMLA's permute_q_b_proj: fp8 ``[h_q * d_q, K]`` and a DeepGEMM packed
+    MN-major int32 scale ``[h_q * d_q, K / (4 * gran)]``, gran 32 or 128."""
+    weight, scale = _drop_in_inputs(weight_and_scale, 2, h_q, "h_q", d_q, "d_q", Q_CHUNK, op)
+    rows, k = weight.shape
+    if rows != h_q * d_q:
+        raise ValueError(f"{op}: weight has {rows} rows but h_q * d_q = {h_q * d_q}")
+    _packed_scale_dtype(scale, op)
+    dim(scale, 2, op, "scale")
+    if scale.shape[0] != rows:
+        raise ValueError(f"{op}: scale has {scale.shape[0]} rows but weight has {rows}")
+    words = scale.shape[1]
+    if words <= 0 or k % (4 * words):
+        raise ValueError(
+            f"{op}: scale has {words} words per row, so gran = K / (4 * W) must be 32 or 128 "
+            f"(K = {k})"
+        )
+    gran = k // (4 * words)
+    if gran not in (32, 128):
+        raise ValueError(
+            f"{op}: scale has {words} words per row, so gran = K / (4 * W) = {gran} must be 32 "
+            f"or 128 (K = {k})"
+        )
+    if scale.stride(0) != 1 or (words != 1 and scale.stride(1) != align4(rows)):
+        raise ValueError(
+            f"{op}: scale must be MN-major with rows padded to a multiple of 4 (stride(0) == 1, "
+            f"stride(1) == {align4(rows)}), got strides {list(scale.stride())}"
+        )
+    pair(weight, scale, op, "weight", "scale")
+
+
+def wv_proj(weight_and_scale, wv_group_size, d_o, op="permute_wv_proj") -> None:
+    """FlashMLA's permute_wv_proj: fp8 ``[n_groups, out, G * d_o]`` and a packed
+    int32 scale ``[n_groups, out, G * d_o / 128]`` with stride(1) == 1."""
+    weight, scale = _drop_in_inputs(weight_and_scale, 3, wv_group_size, "wv_group_size", d_o, "d_o",
+                                    O_CHUNK, op)
+    cols = wv_group_size * d_o
+    if weight.shape[2] != cols:
+        raise ValueError(
+            f"{op}: weight.size(2) ({weight.shape[2]}) must be wv_group_size * d_o = {cols}"
+        )
+    if cols % PACKED_COLUMNS:
+        raise ValueError(
+            f"{op}: wv_group_size * d_o ({cols}) must be a multiple of {PACKED_COLUMNS}"
+        )
+    _packed_scale_dtype(scale, op)
+    dim(scale, 3, op, "scale")
+    expected = [weight.shape[0], weight.shape[1], cols // PACKED_COLUMNS]
+    if list(scale.shape) != expected:
+        raise ValueError(f"{op}: scale must have shape {expected}, got {list(scale.shape)}")
+    if weight.shape[1] != 1 and scale.stride(1) != 1:
+        raise ValueError(
+            f"{op}: scale must be MN-major (stride(1) == 1), got strides {list(scale.stride())}"
+        )
+    pair(weight, scale, op, "weight", "scale")
+
+
+def permute_(self, perm, dim_, op="permute_") -> int:
+    """Everything but perm's values; returns dim_ made non-negative."""
+    writable(self, op, "self")
+    permutable(self, op)
+    n = self.dim()
+    if not -n <= dim_ < n:
+        raise ValueError(
+            f"{op}: dim ({dim_}) is out of range for a {n}-D self (expected {-n} to {n - 1})"
+        )
+    return dim_ % n
 
 
 def q(q: torch.Tensor, op="permute_q") -> None:

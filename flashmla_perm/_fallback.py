@@ -50,4 +50,21 @@ def permute_q(q, inverse=False):
     return ref._q(q, inverse)
 
 
+def permute_(self, perm, dim=0):
+    d = checks.permute_(self, perm, dim)
+    p = checks.permutation(perm, self.shape[d], self.device, "permute_")
+    if self.numel():
+        ref.permute_(self, p, d)
+
+
+def permute_q_b_proj(weight_and_scale, h_q, d_q):
+    checks.q_b_proj(weight_and_scale, h_q, d_q)
+    return ref.permute_q_b_proj(weight_and_scale, h_q, d_q)
+
+
+def permute_wv_proj(weight_and_scale, wv_group_size, d_o):
+    checks.wv_proj(weight_and_scale, wv_group_size, d_o)
+    return ref.permute_wv_proj(weight_and_scale, wv_group_size, d_o)
+
+
 IMPLS = {name: globals()[name] for name in SCHEMAS}

@@ -29,6 +29,20 @@ def pytest_sessionstart(session):
         pytest.exit(f"CUDA kernels expected but not compiled in: {INFO}", 3)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """With the native module loaded, every layout runs native: a single call
+    that fell back to the ATen gather fails the session."""
+    if not NATIVE or _ops.FORCE_REFERENCE:
+        return
+    counts = _ops.path_counts()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else print
+    say(f"flashmla_perm path_counts: {counts}")
+    if counts["aten"] > 0:
+        say(f"FAILED: the ATen gather ran {counts['aten']} times; every layout should be native")
+        session.exitstatus = 1
+
+
 def random_tensor(shape, dtype=torch.uint8, device="cpu", gen=None):
     """Random bytes (never zeros) viewed as `dtype`; NaN/inf payloads included."""
     shape = list(shape)

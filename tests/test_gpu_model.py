@@ -46,10 +46,12 @@ def test_records(tmp_path):
         assert 0 < r["predicted_fraction"] <= 1, r
         assert 0 < r["fraction_incl_launch"] <= r["predicted_fraction"], r
         assert r["ctas"] > 0 and r["in_flight_bytes_per_sm"] > 0 and r["bytes"] > 0
-        if r["op"] in ("wq_b", "wo_a"):
+        if r["op"] in ("wq_b", "wo_a", "wq_b_packed", "wv_packed"):
             assert r["launches"] == 1, r  # weight and scale in one launch
     cases = [(r["op"], r["tp"], r.get("heads")) for r in records]
-    expected = ([("wq_b", tp, 64 // tp) for tp in (1, 2, 4, 8)] + [("wo_a", tp, None) for tp in (1, 2, 4, 8)]
+    tps = (1, 2, 4, 8)
+    expected = ([("wq_b", tp, 64 // tp) for tp in tps] + [("wo_a", tp, None) for tp in tps]
+                + [("wq_b_packed", tp, 64 // tp) for tp in tps] + [("wv_packed", tp, None) for tp in tps]
                 + [("permute_q", None, 64), ("permute_q", None, 128)])
     assert [(op, tp) for op, tp, _ in cases] == [(op, tp) for op, tp, _ in expected]
     assert [h for op, _, h in cases if op == "permute_q"] == [64, 128]
@@ -69,7 +71,12 @@ LAUNCH_CASES = [
     ("wq_b", [64 // tp * 512, 1280, 64 // tp]) for tp in (1, 2, 4, 8)
 ] + [
     ("wo_a", [8 // tp * 1024, 4096, 8]) for tp in (1, 2, 4, 8)
-] + [("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
+] + [
+    ("wq_b_packed", [64 // tp * 512, 1280, 64 // tp, 32]) for tp in (1, 2, 4, 8)
+] + [
+    ("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)
+] + [("wq_b_packed", [3 * 48, 1024, 3, 128]), ("wv_packed", [3, 33, 1024, 8]),
+     ("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
 DEVICES = [None, {"regs_per_thread": 92}, {"regs_per_thread": 80},
            {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024}]
 

@@ -10,7 +10,12 @@
 //                           wo_a at TP 1, 2, 4, 8, permute_q at 64 and 128
 //                           heads; every CTA of the grid with its tiles in
 //                           grid-stride order, kGpuThreads (128) threads each
+//                           and FlashMLA's packed layouts (wq_b with an
+//                           MN-major int32 scale, 3-D wv with its packed scale)
 //   --quick                 fewer thread counts (for sanitizer builds)
+// The stress mode also draws random strided layouts (rank 1-4, any dim
+// order, steps, padding, offsets) and runs both engines on the views
+// csrc/strided.h makes of them, packed int32 words included.
 // Exit 0 when every case matches.
 #include <barrier>
 #include <cstdio>
@@ -25,6 +30,7 @@
 
 #include "../../csrc/launch.h"
 #include "../../csrc/plan.h"
+#include "../../csrc/strided.h"
 #include "../../csrc/tile_bodies.h"
 
 namespace fp = flashmla_perm;
@@ -237,14 +243,15 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
   const fp::ColPlan plan = fp::make_col_plan(perm, esize);
   std::vector<fp::Launch> launches;
   fp::RowPlan units;
-  if (in_place && !fp::gpu_cols_staged_fit(row_bytes)) {
+  const fp::ColView view = fp::col_rows(in_place ? dst.data() : src.data(), dst.data(), rows,
+                                        src.row_stride, src.row_stride, row_bytes);
+  if (in_place && !fp::gpu_cols_staged_fit(view)) {
     units = fp::make_row_plan(perm);
-    const fp::UnitView view = fp::col_units(dst.data(), rows, src.row_stride, units.unit_rows * esize);
-    launches = fp::gpu_row_launches(&view, 1, units, units.order.data(), units.segments.data(),
+    const fp::UnitView uv = fp::unit_views(dst.data(), {static_cast<int64_t>(perm.size()), esize},
+                                           units.unit_rows, {{rows, src.row_stride}}, esize).front();
+    launches = fp::gpu_row_launches(&uv, 1, units, units.order.data(), units.segments.data(),
                                     small_device());
   } else {
-    const fp::ColView view{in_place ? dst.data() : src.data(), dst.data(), src.row_stride,
-                           src.row_stride, rows, row_bytes};
     const fp::ColPlan* plans[] = {&plan};
     const int32_t* offsets[] = {plan.source_offset.data()};
     launches = fp::gpu_col_launches(&view, plans, offsets, 1, small_device());
@@ -255,6 +262,166 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
   report(dst.buf == expected, "cols " + name + (in_place ? " in place" : " out of place") +
                                   " cols=" + std::to_string(perm.size()) + " esize=" +
                                   std::to_string(esize) + " threads=" + std::to_string(threads));
+}
+
+// ---------------------------------------------------------------------------
+// Random strided layouts: both engines on the views csrc/strided.h makes.
+
+// A strided tensor in a random buffer: logical dims outer first, pitches in
+// bytes, at byte `offset`; bytes the view does not cover must stay put.
+struct Strided {
+  std::vector<int64_t> size, pitch;
+  int64_t esize = 1, offset = 0;
+  std::vector<uint8_t> buf;
+  uint8_t* data() { return buf.data() + offset; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t x : size) n *= x;
+    return n;
+  }
+  // Byte offset (from data()) of element `linear` (row-major), and of the
+  // same element with index `value` along dim `d`.
+  int64_t at(int64_t linear, int d = -1, int64_t value = 0) const {
+    int64_t off = 0;
+    for (int i = static_cast<int>(size.size()) - 1; i >= 0; --i) {
+      const int64_t idx = linear % size[i];
+      linear /= size[i];
+      off += (i == d ? value : idx) * pitch[i];
+    }
+    return off;
+  }
+  int64_t index(int64_t linear, int d) const {
+    for (int i = static_cast<int>(size.size()) - 1; i > d; --i) linear /= size[i];
+    return linear % size[d];
+  }
+  // Every dim but d, innermost first (as layout.cpp's dims_except).
+  std::vector<fp::Dim> others(int d) const {
+    std::vector<fp::Dim> o;
+    for (int i = static_cast<int>(size.size()) - 1; i >= 0; --i)
+      if (i != d) o.push_back({size[i], pitch[i]});
+    return o;
+  }
+};
+
+// Rank-r layout: random sizes (some 1), a random memory order of the dims,
+// steps and padding between them, a random offset.
+Strided random_strided(int rank, int64_t esize) {
+  Strided t;
+  t.esize = esize;
+  t.size.resize(rank);
+  t.pitch.resize(rank);
+  const int64_t most = rank > 4 ? 4 : 9;  // ranks 5 and 6: more line dims than a Lines holds
+  for (auto& x : t.size) x = 1 + static_cast<int64_t>(rng() % most);
+  std::vector<int> order(rank);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  int64_t pitch = esize * (rng() % 4 == 0 ? 2 : 1);  // a stepped innermost dim now and then
+  int64_t span = 0;
+  for (int d : order) {
+    t.pitch[d] = pitch;
+    span = (t.size[d] - 1) * pitch + std::max(span, esize);
+    pitch = span + esize * static_cast<int64_t>(rng() % 3);  // padding
+  }
+  t.offset = esize * static_cast<int64_t>(rng() % 5);
+  t.buf = random_bytes(t.offset + span + 16);
+  return t;
+}
+
+// The reference: dim d gathered by perm, element by element.
+std::vector<uint8_t> gathered(const Strided& t, int d, const std::vector<int64_t>& perm) {
+  std::vector<uint8_t> e = t.buf;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    std::memcpy(&e[t.offset + t.at(i)], &t.buf[t.offset + t.at(i, d, perm[t.index(i, d)])], t.esize);
+  return e;
+}
+
+// Views of up to kMaxJobs per launch, in order, on the small device.
+void run_row_views(const std::vector<fp::UnitView>& views, const fp::RowPlan& plan, int threads) {
+  for (size_t k = 0; k < views.size(); k += fp::kMaxJobs) {
+    const int n = static_cast<int>(std::min<size_t>(fp::kMaxJobs, views.size() - k));
+    auto launches = fp::gpu_row_launches(views.data() + k, n, plan, plan.order.data(), plan.segments.data(),
+                                         small_device());
+    for (auto& l : launches) l.threads = threads;
+    std::vector<std::vector<uint8_t>> scratch;
+    run_launches(launches, scratch, 3);
+  }
+}
+
+void run_col_views(const std::vector<fp::ColView>& views, const fp::ColPlan& plan, int threads) {
+  for (const fp::ColView& v : views) {
+    const fp::ColPlan* plans[] = {&plan};
+    const int32_t* offsets[] = {plan.source_offset.data()};
+    auto launches = fp::gpu_col_launches(&v, plans, offsets, 1, small_device());
+    for (auto& l : launches) l.threads = threads;
+    std::vector<std::vector<uint8_t>> scratch;
+    run_launches(launches, scratch, 3);
+  }
+}
+
+void check_strided(int threads, int trials) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const int rank = 1 + static_cast<int>(rng() % 6);
+    const int64_t esize = int64_t{1} << (rng() % 4);
+    const Strided base = random_strided(rank, esize);
+    const int d = static_cast<int>(rng() % rank);
+    const int64_t n = base.size[d];
+    const std::vector<int64_t> perm = rng() % 3 == 0 ? one_cycle(n) : random_perm(n);
+    const std::vector<uint8_t> expected = gathered(base, d, perm);
+    // Now and then a tiny limit on the lines of a multi-dim view: the
+    // outer dim cut into chunk views, as above 2^31 lines.
+    const int64_t most = rng() % 3 == 0 ? 2 + static_cast<int64_t>(rng() % 20) : fp::kMaxMixedLines;
+    std::string what = "strided rank=" + std::to_string(rank) + " dim=" + std::to_string(d) + " esize=" +
+                       std::to_string(esize) + " threads=" + std::to_string(threads) + " most=" +
+                       std::to_string(most) + " sizes/pitches";
+    for (int i = 0; i < rank; ++i) what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
+
+    Strided t = base;  // the row engine: any layout
+    const fp::RowPlan rplan = fp::make_row_plan(perm, 4);  // short segments: scratch too
+    run_row_views(fp::unit_views(t.data(), {n, t.pitch[d]}, rplan.unit_rows, t.others(d), esize, most), rplan,
+                  threads);
+    report(t.buf == expected, what + " rows");
+
+    if (t.pitch[d] == esize) {  // the column engine: in place, and out of place
+      Strided c = base;
+      const fp::ColPlan cplan = fp::make_col_plan(perm, esize);
+      const int64_t rb = n * esize;
+      run_col_views(fp::col_views_in_place(c.data(), c.others(d), rb, rb, rb, most), cplan, threads);
+      report(c.buf == expected, what + " cols in place");
+      if (d == rank - 1) {  // out of place rows: packed in the tensor's order
+        Strided o = base;
+        std::vector<uint8_t> out(o.numel() * esize + 16, 0x5A), want(out);
+        for (int64_t i = 0; i < o.numel(); ++i)
+          std::memcpy(&want[i * esize], &expected[o.offset + o.at(i)], esize);
+        run_col_views(fp::col_views_out(o.data(), out.data(), o.others(d), rb, most), cplan, threads);
+        report(out == want && o.buf == base.buf, what + " cols out of place");
+      }
+    }
+  }
+}
+
+// int32 words of four packed bytes, any strides: the bytes of each row of
+// the last dim permuted (runs of 4 where the words are not contiguous).
+void check_packed_words(int threads, int trials) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const int rank = 1 + static_cast<int>(rng() % 3);
+    Strided t = random_strided(rank, 4);
+    const int last = rank - 1;
+    const int64_t row_bytes = 4 * t.size[last];
+    const std::vector<int64_t> perm = random_perm(row_bytes);
+    std::vector<uint8_t> expected = t.buf;
+    const int64_t rows = t.numel() / t.size[last];
+    auto byte_at = [&](int64_t row, int64_t b) {
+      return t.offset + t.at(row * t.size[last]) + (b / 4) * t.pitch[last] + b % 4;
+    };
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < row_bytes; ++b) expected[byte_at(r, b)] = t.buf[byte_at(r, perm[b])];
+    const fp::ColPlan plan = fp::make_col_plan(perm, 1);
+    const int64_t run = t.size[last] == 1 || t.pitch[last] == 4 ? row_bytes : 4;
+    run_col_views(fp::col_views_in_place(t.data(), t.others(last), row_bytes, run, t.pitch[last]), plan, threads);
+    report(t.buf == expected, "packed words rank=" + std::to_string(rank) + " words=" +
+                                  std::to_string(t.size[last]) + " pitch=" + std::to_string(t.pitch[last]) +
+                                  " threads=" + std::to_string(threads));
+  }
 }
 
 void stress(const std::vector<int>& thread_counts) {
@@ -291,6 +458,8 @@ void stress(const std::vector<int>& thread_counts) {
     for (auto& c : cc)
       for (bool in_place : {true, false})
         check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, c.name);
+    check_strided(threads, 40);
+    check_packed_words(threads, 10);
   }
 }
 
@@ -332,8 +501,8 @@ void model_wo_a(int tp) {
   Rows w(rows, cols, cols, 0), s(rows, cols / 32, cols / 32, 0);
   const auto ew = w.cols_gathered(wp, 1, w.buf, w.buf), es = s.cols_gathered(sp, 1, s.buf, s.buf);
   const fp::ColPlan wplan = fp::make_col_plan(wp, 1), splan = fp::make_col_plan(sp, 1);
-  const fp::ColView views[] = {{w.data(), w.data(), cols, cols, rows, cols},
-                               {s.data(), s.data(), cols / 32, cols / 32, rows, cols / 32}};
+  const fp::ColView views[] = {fp::col_rows(w.data(), w.data(), rows, cols, cols, cols),
+                               fp::col_rows(s.data(), s.data(), rows, cols / 32, cols / 32, cols / 32)};
   const fp::ColPlan* plans[] = {&wplan, &splan};
   const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
   std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, fp::DeviceSpec{});
@@ -343,13 +512,68 @@ void model_wo_a(int tp) {
   report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wo_a tp" + std::to_string(tp));
 }
 
+// DeepGEMM's packed scale: int32 [rows, K / 128] (gran 32), MN-major
+// (strides (1, align4(rows))), permuted with the weight's rows in one launch.
+void model_wq_b_packed(int tp) {
+  const int64_t heads = kHeads / tp, rows = heads * kHeadDim, words = kQLora / 128, a = (rows + 3) / 4 * 4;
+  const std::vector<int64_t> perm = fp::q_fused_permutation(heads, kHeadDim);
+  Rows w(rows, kQLora, kQLora, 0);
+  Strided s;
+  s.size = {rows, words};
+  s.pitch = {4, 4 * a};
+  s.esize = 4;
+  s.buf = random_bytes(4 * a * words + 16);
+  const auto ew = w.rows_gathered(perm), es = gathered(s, 0, perm);
+  const fp::RowPlan plan = fp::make_row_plan(perm);
+  const fp::UnitView views[] = {fp::unit_views(w.data(), {rows, kQLora}, plan.unit_rows, {{kQLora, 1}}, 1).front(),
+                                fp::unit_views(s.data(), {rows, 4}, plan.unit_rows, s.others(0), 4).front()};
+  std::vector<fp::Launch> launches =
+      fp::gpu_row_launches(views, 2, plan, plan.order.data(), plan.segments.data(), fp::DeviceSpec{});
+  for (const auto& l : launches) print_launch("wq_b packed tp" + std::to_string(tp), l);
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 2);
+  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b packed MN-major scale tp" + std::to_string(tp));
+}
+
+// FlashMLA's wv: fp8 [n_groups, out, 8 * 512] and its packed scale int32
+// [n_groups, out, 32] with stride(1) == 1 (storage [n_groups, 32, out]).
+void model_wv_packed(int tp) {
+  const int64_t groups = kGroups / tp, out = kOLora, cols = 8 * kHeadDim, words = cols / 128;
+  const std::vector<int64_t> wp = fp::o_fused_permutation(8, kHeadDim);
+  const std::vector<int64_t> sp = fp::o_fused_chunk_permutation(8, kHeadDim);
+  Rows w(groups * out, cols, cols, 0);
+  const auto ew = w.cols_gathered(wp, 1, w.buf, w.buf);
+  Strided s;
+  s.size = {groups, out, words};
+  s.pitch = {4 * out * words, 4, 4 * out};
+  s.esize = 4;
+  s.buf = random_bytes(4 * groups * out * words + 16);
+  std::vector<uint8_t> es = s.buf;
+  for (int64_t r = 0; r < groups * out; ++r)
+    for (int64_t b = 0; b < 4 * words; ++b) {
+      auto at = [&](int64_t byte) { return s.at(r * words) + (byte / 4) * s.pitch[2] + byte % 4; };
+      es[at(b)] = s.buf[at(sp[b])];
+    }
+  const fp::ColPlan wplan = fp::make_col_plan(wp, 1), splan = fp::make_col_plan(sp, 1);
+  const fp::ColView views[] = {
+      fp::col_views_in_place(w.data(), {{out, cols}, {groups, out * cols}}, cols, cols, cols).front(),
+      fp::col_views_in_place(s.data(), s.others(2), 4 * words, 4, s.pitch[2]).front()};
+  const fp::ColPlan* plans[] = {&wplan, &splan};
+  const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
+  std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, fp::DeviceSpec{});
+  for (const auto& l : launches) print_launch("wv packed tp" + std::to_string(tp), l);
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 2);
+  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wv packed scale tp" + std::to_string(tp));
+}
+
 void model_permute_q(int64_t heads, int64_t tokens) {
   const int64_t row_bytes = heads * kHeadDim * 2;  // bf16
   const std::vector<int64_t> perm = fp::q_fused_permutation(heads, kHeadDim);
   Rows src(tokens, row_bytes, row_bytes, 0), dst(tokens, row_bytes, row_bytes, 0);
   const auto expected = src.cols_gathered(perm, 2, src.buf, dst.buf);
   const fp::ColPlan plan = fp::make_col_plan(perm, 2);
-  const fp::ColView view{src.data(), dst.data(), row_bytes, row_bytes, tokens, row_bytes};
+  const fp::ColView view = fp::col_rows(src.data(), dst.data(), tokens, row_bytes, row_bytes, row_bytes);
   const fp::ColPlan* plans[] = {&plan};
   const int32_t* offsets[] = {plan.source_offset.data()};
   std::vector<fp::Launch> launches = fp::gpu_col_launches(&view, plans, offsets, 1, fp::DeviceSpec{});
@@ -370,6 +594,8 @@ int main(int argc, char** argv) {
   if (model) {
     for (int tp : {1, 2, 4, 8}) model_wq_b(tp);
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
+    for (int tp : {1, 8}) model_wq_b_packed(tp);
+    for (int tp : {1, 8}) model_wv_packed(tp);
     for (int64_t heads : {64, 128}) model_permute_q(heads, 32);
   } else {
     stress(quick ? std::vector<int>{1, 7, 32} : std::vector<int>{1, 2, 7, 32, 128});
