@@ -140,16 +140,23 @@ bool check_wo_a(const at::Tensor& weight, const at::Tensor& weight_scale, int64_
   return packed;
 }
 
-void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
-                   int64_t heads_per_group, bool inverse) {
-  const char* op = "permute_wo_a_";
-  const bool packed = check_wo_a(weight, weight_scale, heads_per_group, op);
+// wo_a's columns and its scale's, in place, once checked (permute_wo_a_ and
+// the permute_wv_proj drop-in): one launch on CUDA.
+void wo_a_in_place(const at::Tensor& weight, const at::Tensor& weight_scale, int64_t heads_per_group,
+                   bool packed, bool inverse, const char* op) {
   const int64_t head_dim = weight.size(-1) / heads_per_group;
   const auto w = cached_col_plan(ColKind::kO, heads_per_group, head_dim, weight.element_size(), inverse);
   // Packed: the plan moves the bytes of each row of words.
   const auto s = cached_col_plan(ColKind::kOChunk, heads_per_group, head_dim,
                                  packed ? 1 : weight_scale.element_size(), inverse);
-  apply_cols({{weight, -1, w}, {weight_scale, -1, s, packed}}, op);  // one launch on CUDA
+  apply_cols({{weight, -1, w}, {weight_scale, -1, s, packed}}, op);
+}
+
+void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
+                   int64_t heads_per_group, bool inverse) {
+  const char* op = "permute_wo_a_";
+  const bool packed = check_wo_a(weight, weight_scale, heads_per_group, op);
+  wo_a_in_place(weight, weight_scale, heads_per_group, packed, inverse, op);
 }
 
 at::Tensor permute_q(const at::Tensor& q, bool inverse) {
@@ -249,10 +256,7 @@ std::vector<at::Tensor> permute_wv_proj(at::TensorList weight_and_scale, int64_t
   at::Tensor w = weight.clone(at::MemoryFormat::Contiguous);
   at::Tensor s = at::zeros({groups, words, align4(out)}, scale.options()).transpose(1, 2).narrow(1, 0, out);
   s.copy_(scale);
-  const int64_t g = wv_group_size;
-  apply_cols({{w, -1, cached_col_plan(ColKind::kO, g, d_o, 1, false)},
-              {s, -1, cached_col_plan(ColKind::kOChunk, g, d_o, 1, false), true}},
-             op);
+  wo_a_in_place(w, s, wv_group_size, /*packed=*/true, /*inverse=*/false, op);
   return {w, s};
 }
 
