@@ -20,8 +20,8 @@ void check_writable(const at::Tensor& t, const char* op, const char* name) {
                     " requires grad; permute weights under torch.no_grad() or on a detached tensor");
   // The tile engines write every element in place, so they need proof that
   // no two elements share bytes (layouts torch makes by slicing,
-  // transposing and padding all pass).
-  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes && disjoint(t), op, ": ", name,
+  // transposing and padding all pass; any overlap, e.g. from expand, fails).
+  TORCH_CHECK_VALUE(disjoint(t), op, ": ", name,
                     " has overlapping memory (several elements share bytes, e.g. from expand), or "
                     "interleaved strides that cannot be proven apart; an in-place permutation "
                     "would corrupt it (permute a .contiguous() copy)");
