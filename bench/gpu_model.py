@@ -52,7 +52,7 @@ TPS = (1, 2, 4, 8)
 Q_HEADS = (64, 128)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
-DEFAULT_REGS = {"rows": 96, "save_heads": 76, "cols": 80}
+DEFAULT_REGS = {"rows": 96, "save_heads": 76, "cols": 78}
 
 
 def parse_args(argv=None):

@@ -374,10 +374,14 @@ struct ColJob {
 };
 
 // Where logical byte b (a multiple of V, with V dividing run) of a row sits.
+// Short runs come only in staged GPU tiles, whose rows fit a tile buffer
+// (gpu_cols_staged_fit): 32-bit division, no 64-bit divide subroutine
+// (which spilled on sm_100).
 FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, int64_t b) {
   if (p.run == p.row_bytes) return b;
-  const int64_t k = b / p.run;
-  return k * p.run_pitch + (b - k * p.run);
+  const uint32_t i = static_cast<uint32_t>(b), run = static_cast<uint32_t>(p.run);
+  const uint32_t k = i / run;
+  return static_cast<int64_t>(k) * p.run_pitch + (i - k * run);
 }
 
 // One thread, host executors: V is the chunk size, so chunk j is simply
