@@ -21,5 +21,9 @@ void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const 
 // is a permutation of [0, extent).
 std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,
                                       const at::Device& device, const char* op);
+// host_permutation's two halves: what can be checked without reading perm's
+// values, and that the values are a permutation.
+void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device& device, const char* op);
+void check_perm_values(const std::vector<int64_t>& values, const char* op);
 
 }  // namespace flashmla_perm

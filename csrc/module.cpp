@@ -5,6 +5,7 @@
 
 #include "apply.h"
 #include "launch_info.h"
+#include "perm_cache.h"
 #include "plan_cache.h"
 
 #ifndef FLASHMLA_PERM_CUDA_ARCHS
@@ -50,10 +51,26 @@ PyObject* cached_plans(PyObject*, PyObject*) {
   return PyLong_FromLongLong(flashmla_perm::cached_plan_count());
 }
 
+PyObject* plan_stats(PyObject*, PyObject*) {
+  return Py_BuildValue("{s:L,s:L,s:L}", "model_plans",
+                       static_cast<long long>(flashmla_perm::cached_plan_count()), "prepared",
+                       static_cast<long long>(flashmla_perm::prepared_count()), "built",
+                       static_cast<long long>(flashmla_perm::plans_built()));
+}
+
+PyObject* clear_plan_caches(PyObject*, PyObject*) {
+  flashmla_perm::clear_model_plans();
+  flashmla_perm::clear_prepared();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "What this module was built with."},
     {"path_counts", path_counts, METH_NOARGS, "Calls served by each path (cpu, cuda, aten)."},
     {"cached_plans", cached_plans, METH_NOARGS, "Model-level plans held by the cache."},
+    {"plan_stats", plan_stats, METH_NOARGS,
+     "model_plans and prepared (permutations) held by the caches; plans built since load."},
+    {"clear_plan_caches", clear_plan_caches, METH_NOARGS, "Empties the plan caches (tests)."},
     {"gpu_launches", flashmla_perm::gpu_launches_py, METH_VARARGS,
      "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op."},
     {nullptr, nullptr, 0, nullptr}};

@@ -6,6 +6,7 @@
 
 #include "apply.h"
 #include "checks.h"
+#include "perm_cache.h"
 #include "plan_cache.h"
 
 namespace flashmla_perm {
@@ -65,13 +66,12 @@ void permute_dim(const char* op, const at::Tensor& self, const at::Tensor& perm,
   TORCH_CHECK_VALUE(dim >= -n && dim < n, op, ": dim (", dim, ") is out of range for a ", n,
                     "-D self (expected ", -n, " to ", n - 1, ")");
   if (dim < 0) dim += n;
-  std::vector<int64_t> values = host_permutation(perm, self.size(dim), self.device(), op);
+  const auto prepared = prepared_permutation(perm, self.size(dim), self.device(), op);
   if (self.numel() == 0) return;
   if (self.stride(dim) == 1) {
-    const auto entry = std::make_shared<const ColPlanEntry>(make_col_plan(std::move(values), self.element_size()));
-    apply_cols({{self, dim, entry}});
+    apply_cols({{self, dim, prepared->cols(self.element_size())}});
   } else {
-    apply_rows({{self, dim}}, std::make_shared<const RowPlanEntry>(make_row_plan(std::move(values))));
+    apply_rows({{self, dim}}, prepared->rows());
   }
 }
 
@@ -91,8 +91,8 @@ at::Tensor permute_cols(const at::Tensor& self, const at::Tensor& perm) {
   const char* op = "permute_cols";
   check_defined(self, op, "self");
   check_permutable(self, op);
-  std::vector<int64_t> values = host_permutation(perm, self.size(-1), self.device(), op);
-  return applied_cols(self, std::make_shared<const ColPlanEntry>(make_col_plan(std::move(values), self.element_size())));
+  const auto prepared = prepared_permutation(perm, self.size(-1), self.device(), op);
+  return applied_cols(self, prepared->cols(self.element_size()));
 }
 
 // wq_b's checks; returns head_dim.

@@ -1,8 +1,9 @@
 #include "plan_cache.h"
 
-#include <list>
-#include <map>
+#include <atomic>
 #include <tuple>
+
+#include "bounded_cache.h"
 
 namespace flashmla_perm {
 
@@ -35,48 +36,19 @@ at::Tensor host_array(std::initializer_list<const std::vector<T>*> parts, at::Sc
   return t;
 }
 
-// Least-recently-used map, bounded, guarded by one mutex.
-template <class Key, class Value>
-class BoundedCache {
- public:
-  template <class Make>
-  std::shared_ptr<const Value> get(const Key& key, Make&& make) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(key);
-    if (it != index_.end()) {
-      order_.splice(order_.begin(), order_, it->second);
-      return it->second->second;
-    }
-    order_.emplace_front(key, std::make_shared<const Value>(make()));
-    index_[key] = order_.begin();
-    if (static_cast<int64_t>(order_.size()) > kPlanCacheCapacity) {
-      index_.erase(order_.back().first);
-      order_.pop_back();
-    }
-    return order_.front().second;
-  }
-  int64_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(order_.size());
-  }
-
- private:
-  std::mutex mu_;
-  std::list<std::pair<Key, std::shared_ptr<const Value>>> order_;
-  std::map<Key, typename decltype(order_)::iterator> index_;
-};
-
 using RowKey = std::tuple<int64_t, int64_t, bool>;
 using ColKey = std::tuple<int, int64_t, int64_t, int64_t, bool>;
 // Never destroyed: device copies must not be freed after CUDA shuts down at exit.
 BoundedCache<RowKey, RowPlanEntry>& row_cache() {
-  static auto* cache = new BoundedCache<RowKey, RowPlanEntry>();
+  static auto* cache = new BoundedCache<RowKey, RowPlanEntry>(kPlanCacheCapacity);
   return *cache;
 }
 BoundedCache<ColKey, ColPlanEntry>& col_cache() {
-  static auto* cache = new BoundedCache<ColKey, ColPlanEntry>();
+  static auto* cache = new BoundedCache<ColKey, ColPlanEntry>(kPlanCacheCapacity);
   return *cache;
 }
+
+std::atomic<int64_t> built{0};
 
 std::vector<int64_t> maybe_inverse(std::vector<int64_t> perm, bool inverse) {
   return inverse ? inverse_permutation(perm) : perm;
@@ -85,10 +57,14 @@ std::vector<int64_t> maybe_inverse(std::vector<int64_t> perm, bool inverse) {
 }  // namespace
 
 RowPlanEntry::RowPlanEntry(RowPlan p)
-    : plan(std::move(p)), arrays(host_array<int64_t>({&plan.order, &plan.segments}, at::kLong)) {}
+    : plan(std::move(p)), arrays(host_array<int64_t>({&plan.order, &plan.segments}, at::kLong)) {
+  built.fetch_add(1, std::memory_order_relaxed);
+}
 
 ColPlanEntry::ColPlanEntry(ColPlan p)
-    : plan(std::move(p)), arrays(host_array<int32_t>({&plan.source_offset}, at::kInt)) {}
+    : plan(std::move(p)), arrays(host_array<int32_t>({&plan.source_offset}, at::kInt)) {
+  built.fetch_add(1, std::memory_order_relaxed);
+}
 
 const RowPlanEntry& ColPlanEntry::units() const {
   std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(plan.perm)); });
@@ -122,5 +98,12 @@ std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads,
 }
 
 int64_t cached_plan_count() { return row_cache().size() + col_cache().size(); }
+
+int64_t plans_built() { return built.load(std::memory_order_relaxed); }
+
+void clear_model_plans() {
+  row_cache().clear();
+  col_cache().clear();
+}
 
 }  // namespace flashmla_perm

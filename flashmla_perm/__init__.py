@@ -12,7 +12,10 @@ import torch
 
 from . import _ops
 from . import flashmla
+from ._ops import path_counts
 from ._version import __version__
+from .on_load import permute_on_load
+from .permutation import Permutation
 from .reference import (
     HEAD_DIM,
     O_CHUNK,
@@ -29,7 +32,7 @@ __all__ = [
     "q_fused_permutation", "o_fused_permutation", "o_fused_chunk_permutation",
     "inverse_permutation", "permute_q_to_fused", "permute_q_from_fused",
     "permute_wq_b_", "unpermute_wq_b_", "permute_wo_a_", "unpermute_wo_a_", "permute_",
-    "build_info",
+    "Permutation", "permute_on_load", "build_info", "path_counts",
 ]
 
 _ops_ns = torch.ops.flashmla_perm

@@ -87,6 +87,11 @@ for _name in SCHEMAS:
 
 
 def path_counts() -> dict:
-    """Calls served by each native path: ``cpu``, ``cuda``, ``aten`` (layouts
-    the kernels do not take). All zero without the native module."""
-    return _C.path_counts() if _C is not None else {"cpu": 0, "cuda": 0, "aten": 0}
+    """Calls served by each path: ``cpu`` and ``cuda`` (the native kernels),
+    ``aten`` (the native module's torch gather, for devices it has no kernels
+    for), ``reference`` (the Python fallback ops, where the native module is
+    not loaded)."""
+    native = _C.path_counts() if _C is not None else {"cpu": 0, "cuda": 0, "aten": 0}
+    from ._fallback import calls
+
+    return {**native, "reference": calls["reference"]}
