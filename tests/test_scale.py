@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import flashmla_perm as fp
-from flashmla_perm import _ops
 from flashmla_perm import reference as ref
 
-from conftest import NATIVE, assert_same_bytes, random_tensor
+from conftest import assert_same_bytes, random_tensor
 
 
 def test_eight_threads_share_the_plan_cache():
