@@ -171,7 +171,9 @@ at::Tensor permute_q(const at::Tensor& q, bool inverse) {
   return applied_cols(q.reshape({n, heads * head_dim}), entry).view({n, heads, head_dim});
 }
 
-// FlashMLA's drop-ins: its checks, then a copy into the output layout and
+// FlashMLA's drop-ins: its checks (csrc/api/fused_norm_rope_attn_rope_cast_fwd.cpp:
+// what it accepts, these accept, on any device; plus head_dim a multiple of the
+// chunk, which its permutations need), then a copy into the output layout and
 // the in-place ops on it.
 std::pair<at::Tensor, at::Tensor> unpack_pair(at::TensorList weight_and_scale, const char* op) {
   TORCH_CHECK_VALUE(weight_and_scale.size() == 2, op, ": weight_and_scale must be (weight, scale), got ",
@@ -189,6 +191,12 @@ void check_fp8_weight(const at::Tensor& weight, int64_t dim, const char* op) {
                    weight.scalar_type());
 }
 
+void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
+                       const char* name_b) {
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ", name_a, " is on ",
+                    a.device());
+}
+
 void check_packed_scale_dtype(const at::Tensor& scale, const char* op) {
   TORCH_CHECK_TYPE(scale.scalar_type() == at::kInt, op, ": scale must be int32 (packed ue8m0), got ",
                    scale.scalar_type());
@@ -201,6 +209,10 @@ std::pair<at::Tensor, at::Tensor> drop_in_inputs(at::TensorList weight_and_scale
                                                  const char* head_dim_name, int64_t chunk, const char* op) {
   auto pair = unpack_pair(weight_and_scale, op);
   check_fp8_weight(pair.first, rank, op);
+  // FlashMLA reads weight rows at any pitch, elements packed.
+  TORCH_CHECK_VALUE(pair.first.size(-1) == 1 || pair.first.stride(-1) == 1, op,
+                    ": weight must have a contiguous last dimension (stride(-1) == 1), got strides ",
+                    pair.first.strides());
   check_positive(heads, op, heads_name);
   check_positive(head_dim, op, head_dim_name);
   TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": ", head_dim_name, " (", head_dim, ") must be a multiple of ",
@@ -224,11 +236,12 @@ std::vector<at::Tensor> permute_q_b_proj(at::TensorList weight_and_scale, int64_
                     " words per row, so gran = K / (4 * W) must be 32 or 128 (K = ", k, ")");
   TORCH_CHECK_VALUE(gran == 32 || gran == 128, op, ": scale has ", words, " words per row, so gran = K / (4 * W) = ",
                     gran, " must be 32 or 128 (K = ", k, ")");
+  // FlashMLA checks stride(0) alone and reads words at scale.stride(1): any
+  // padding of the rows is valid input.
+  TORCH_CHECK_VALUE(scale.stride(0) == 1, op, ": scale must be MN-major (stride(0) == 1), got strides ",
+                    scale.strides());
+  check_same_device(weight, scale, op, "weight", "scale");  // inputs are only read: they may share memory
   const int64_t a = align4(rows);
-  TORCH_CHECK_VALUE(scale.stride(0) == 1 && (words == 1 || scale.stride(1) == a), op,
-                    ": scale must be MN-major with rows padded to a multiple of 4 (stride(0) == 1, "
-                    "stride(1) == ", a, "), got strides ", scale.strides());
-  check_pair(weight, scale, op, "weight", "scale");
   at::Tensor w = weight.clone(at::MemoryFormat::Contiguous);
   at::Tensor s = at::zeros({words, a}, scale.options()).t().narrow(0, 0, rows);
   s.copy_(scale);
@@ -250,9 +263,9 @@ std::vector<at::Tensor> permute_wv_proj(at::TensorList weight_and_scale, int64_t
   const int64_t groups = weight.size(0), out = weight.size(1), words = cols / (4 * kOChunk);
   TORCH_CHECK_VALUE(scale.sizes() == at::IntArrayRef({groups, out, words}), op, ": scale must have shape [",
                     groups, ", ", out, ", ", words, "], got ", scale.sizes());
-  TORCH_CHECK_VALUE(out == 1 || scale.stride(1) == 1, op, ": scale must be MN-major (stride(1) == 1), got strides ",
+  TORCH_CHECK_VALUE(scale.stride(1) == 1, op, ": scale must be MN-major (stride(1) == 1), got strides ",
                     scale.strides());
-  check_pair(weight, scale, op, "weight", "scale");
+  check_same_device(weight, scale, op, "weight", "scale");
   at::Tensor w = weight.clone(at::MemoryFormat::Contiguous);
   at::Tensor s = at::zeros({groups, words, align4(out)}, scale.options()).transpose(1, 2).narrow(1, 0, out);
   s.copy_(scale);

@@ -208,12 +208,23 @@ def _packed_scale_dtype(scale, op):
         raise TypeError(f"{op}: scale must be int32 (packed ue8m0), got {scale.dtype}")
 
 
+def _same_device(weight, scale, op):
+    """The drop-ins only read their inputs: they may share memory, not devices."""
+    if weight.device != scale.device:
+        raise ValueError(f"{op}: scale is on {scale.device} but weight is on {weight.device}")
+
+
 def _drop_in_inputs(weight_and_scale, rank, heads, heads_name, head_dim, head_dim_name, chunk, op):
     """The drop-ins' common checks (csrc/ops.cpp, drop_in_inputs): (weight, scale),
     an fp8 weight of `rank` dims, `heads` heads of `head_dim`, a multiple of `chunk`."""
     weight, scale = _two_tensors(weight_and_scale, op)
     dim(weight, rank, op, "weight")
     _fp8_weight(weight, op)
+    if weight.shape[-1] != 1 and weight.stride(-1) != 1:
+        raise ValueError(
+            f"{op}: weight must have a contiguous last dimension (stride(-1) == 1), "
+            f"got strides {list(weight.stride())}"
+        )
     positive(heads, op, heads_name)
     positive(head_dim, op, head_dim_name)
     if head_dim % chunk:
@@ -244,12 +255,10 @@ def q_b_proj(weight_and_scale, h_q, d_q, op="permute_q_b_proj") -> None:
             f"{op}: scale has {words} words per row, so gran = K / (4 * W) = {gran} must be 32 "
             f"or 128 (K = {k})"
         )
-    if scale.stride(0) != 1 or (words != 1 and scale.stride(1) != align4(rows)):
-        raise ValueError(
-            f"{op}: scale must be MN-major with rows padded to a multiple of 4 (stride(0) == 1, "
-            f"stride(1) == {align4(rows)}), got strides {list(scale.stride())}"
-        )
-    pair(weight, scale, op, "weight", "scale")
+    # FlashMLA checks stride(0) alone: any padding of the rows is valid input.
+    if scale.stride(0) != 1:
+        raise ValueError(f"{op}: scale must be MN-major (stride(0) == 1), got strides {list(scale.stride())}")
+    _same_device(weight, scale, op)
 
 
 def wv_proj(weight_and_scale, wv_group_size, d_o, op="permute_wv_proj") -> None:
@@ -271,11 +280,11 @@ def wv_proj(weight_and_scale, wv_group_size, d_o, op="permute_wv_proj") -> None:
     expected = [weight.shape[0], weight.shape[1], cols // PACKED_COLUMNS]
     if list(scale.shape) != expected:
         raise ValueError(f"{op}: scale must have shape {expected}, got {list(scale.shape)}")
-    if weight.shape[1] != 1 and scale.stride(1) != 1:
+    if scale.stride(1) != 1:
         raise ValueError(
             f"{op}: scale must be MN-major (stride(1) == 1), got strides {list(scale.stride())}"
         )
-    pair(weight, scale, op, "weight", "scale")
+    _same_device(weight, scale, op)
 
 
 def permute_(self, perm, dim_, op="permute_") -> int:

@@ -133,8 +133,10 @@ CASES = [
     ("q_b_proj gran 16", lambda: qb(k=256, words=4), qbp, ValueError, "= 16 must be 32 or 128"),
     ("q_b_proj gran not whole", lambda: qb(k=256, words=3), qbp, ValueError, r"scale has 3 words per row, so gran = K / \(4 \* W\) must be 32 or 128 \(K = 256\)"),
     ("q_b_proj no words", lambda: qb(scale=torch.empty(128, 0, dtype=torch.int32)), qbp, ValueError, "must be 32 or 128"),
-    ("q_b_proj scale row-major", lambda: qb(scale=r(128, 2, dtype=torch.int32)), qbp, ValueError, r"scale must be MN-major with rows padded to a multiple of 4 \(stride\(0\) == 1, stride\(1\) == 128\), got strides \[2, 1\]"),
-    ("q_b_proj scale rows padded too much", lambda: qb(scale=r(2, 136, dtype=torch.int32).t()[:128]), qbp, ValueError, r"got strides \[1, 136\]"),
+    ("q_b_proj scale row-major", lambda: qb(scale=r(128, 2, dtype=torch.int32)), qbp, ValueError, r"scale must be MN-major \(stride\(0\) == 1\), got strides \[2, 1\]"),
+    ("q_b_proj weight columns strided", lambda: (r(128, 512, dtype=torch.float8_e4m3fn)[:, ::2], packed_mn_major(128, 2)), qbp, ValueError, r"weight must have a contiguous last dimension \(stride\(-1\) == 1\), got strides \[512, 2\]"),
+    ("wv_proj weight columns strided", lambda: (r(2, 6, 8192, dtype=torch.float8_e4m3fn)[..., ::2], packed_mn_major(6, 32, (2,))), wvp, ValueError, r"weight must have a contiguous last dimension"),
+    ("wv_proj one row, scale not MN-major", lambda: (r(2, 1, 4096, dtype=torch.float8_e4m3fn), r(2, 1, 32, dtype=torch.int32)), wvp, ValueError, r"scale must be MN-major \(stride\(1\) == 1\), got strides \[32, 32, 1\]"),
     ("q_b_proj scale on another device", lambda: qb(scale=torch.empty_strided((128, 2), (1, 128), dtype=torch.int32, device="meta")), qbp, ValueError, "scale is on meta but weight is on cpu"),
     # permute_wv_proj
     ("wv_proj one tensor", lambda: wv()[:1], lambda w: wvp(w), ValueError, "got 1 tensors"),

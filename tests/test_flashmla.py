@@ -128,6 +128,40 @@ def test_q_b_proj_one_word_takes_any_second_stride(device, gen):
     check_outputs(got, ref.permute_q_b_proj((weight, scale), 4, 32), (1, 128))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pitch", [4100, 4096 + 64, 2 * 4096])
+def test_q_b_proj_takes_rows_padded_beyond_align4(device, pitch, gen):
+    """FlashMLA checks stride(0) == 1 alone and reads words at stride(1): a
+    scale with strides (1, 4100) for 4096 rows is its valid input, and ours."""
+    rows, k, gran = 8 * 512, 256, 32
+    weight = random_tensor((rows, k), FP8, device, gen)
+    words = k // (4 * gran)
+    storage = random_tensor((words, pitch), torch.int32, device, gen)
+    scale = storage.t()[:rows]
+    assert scale.stride() == (1, pitch)
+    got = fm.permute_q_b_proj((weight, scale), 8, 512)
+    check_outputs(got, ref.permute_q_b_proj((weight, scale), 8, 512), (words, align4(rows)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_drop_ins_read_weights_at_any_row_pitch_and_inputs_may_share_memory(device, gen):
+    """Inputs are only read: FlashMLA needs the last dim contiguous, nothing
+    else; weight and scale carved from one buffer are fine."""
+    rows, k = 2 * 64, 256
+    buffer = random_tensor((rows, 2 * k), torch.uint8, device, gen)
+    weight = buffer[:, :k].view(FP8)  # rows at a pitch of 2 K
+    # MN-major words over the weight's own bytes
+    scale = torch.as_strided(buffer.view(-1).view(torch.int32), (rows, 2), (1, rows), 16)
+    before = buffer.clone()
+    got = fm.permute_q_b_proj((weight, scale), 2, 64)
+    check_outputs(got, ref.permute_q_b_proj((weight, scale), 2, 64), (2, align4(rows)))
+    assert_same_bytes(buffer, before)
+    wv_weight = random_tensor((2, 6, 2 * 4096), FP8, device, gen)[..., :4096]
+    wv_scale = mn_major_input(ref.pack_ue8m0(random_tensor((2, 6, 128), torch.uint8, device, gen)), gen)
+    got = fm.permute_wv_proj((wv_weight, wv_scale), 8, 512)
+    check_outputs(got, ref.permute_wv_proj((wv_weight, wv_scale), 8, 512), (2, 32, align4(6)))
+
+
 # --------------------------------------------------------------------------- permute_wv_proj
 
 
@@ -160,14 +194,6 @@ def test_wv_proj_odd_shapes(device, n_groups, out, group, d_o, gen):
     words = group * d_o // 128
     got = fm.permute_wv_proj((weight, scale), group, d_o)
     check_outputs(got, ref.permute_wv_proj((weight, scale), group, d_o), (n_groups, words, align4(out)))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_wv_proj_one_row_takes_a_contiguous_scale(device, gen):
-    weight = random_tensor((2, 1, 4096), FP8, device, gen)
-    scale = random_tensor((2, 1, 32), torch.int32, device, gen)
-    got = fm.permute_wv_proj((weight, scale), 8, 512)
-    check_outputs(got, ref.permute_wv_proj((weight, scale), 8, 512), (2, 32, 4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
