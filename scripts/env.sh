@@ -5,6 +5,7 @@
 #   FLASHMLA_PERM_VENV   where the environment lives         (default: .venv)
 #   FLASHMLA_PERM_TORCH  torch release to install            (default: 2.13.0, the CPU build;
 #                        2.14.1 is the CUDA 13.0 build and compiles the CUDA kernels)
+#   FLASHMLA_PERM_WITH_VLLM  0: no vLLM 0.33.0 beside torch 2.13.0 (default 1)
 #   plus setup.py's switches: FLASHMLA_PERM_CUDA, TORCH_CUDA_ARCH_LIST, CUDA_HOME
 # Any release in pyproject.toml's range works (README: "Tested torch releases");
 # with a CUDA build of torch whose CUDA major version differs from the toolkit's,
@@ -23,6 +24,16 @@ if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   echo "== installing torch==$TORCH into $VENV"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q "torch==$TORCH"
+fi
+# vLLM 0.33.0's DeepSeek-V4.1 loading code, on the CPU torch it pins (2.13.0),
+# so that tests/test_vllm.py and the benchmark's `load` kind run vLLM's own
+# code: its pins, --no-deps (vLLM's full dependency set is a CUDA stack of
+# several GB that loading never uses). On by default with torch 2.13.0;
+# FLASHMLA_PERM_WITH_VLLM=0 leaves it out (its tests then skip).
+if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
+   ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '0.33.0')" 2>/dev/null; then
+  echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
+  "$PY" -m pip install -q --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
 fi
 "$PY" -m pip install -q ninja setuptools wheel pytest hypothesis numpy
 
