@@ -149,7 +149,7 @@ void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
   for (const auto& [t, dim] : targets) {
     if (t.numel() == 0) continue;
     if (!native_device(t.device())) {
-      aten_gather_(t, dim, entry->plan.perm);
+      aten_gather_(t, dim, *entry->plan.perm);
       continue;
     }
     const std::vector<UnitView> v = units_of(t, dim, entry->plan.unit_rows);
@@ -169,7 +169,7 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
     const ColPlan& plan = c.entry->plan;
     if (t.numel() == 0 || plan.identity) continue;
     if (!native_device(t.device())) {
-      c.packed_words ? aten_packed_gather_(t, plan.perm) : aten_gather_(t, c.dim, plan.perm);
+      c.packed_words ? aten_packed_gather_(t, *plan.perm) : aten_gather_(t, c.dim, *plan.perm);
       continue;
     }
     device = t.device();
@@ -211,7 +211,7 @@ at::Tensor applied_cols(const at::Tensor& src_in, const ColEntry& entry) {
   if (out.numel() == 0) return out;
   if (entry->plan.identity) return out.copy_(src);
   if (!native_device(src.device())) {
-    bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(entry->plan.perm, src.device())));
+    bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(*entry->plan.perm, src.device())));
     served(Path::kAten);
     return out;
   }

@@ -25,10 +25,10 @@ std::shared_ptr<const ColPlanEntry> PreparedPerm::cols(int64_t element_size) con
 
 namespace {
 
-uint64_t hash_of(const std::vector<int64_t>& values) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ values.size();
-  for (const int64_t v : values) {
-    h ^= static_cast<uint64_t>(v) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+uint64_t hash_of(const int64_t* values, int64_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    h ^= static_cast<uint64_t>(values[i]) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
   }
   return h;
 }
@@ -59,16 +59,17 @@ BoundedCache<const c10::TensorImpl*, DeviceSeen>& by_device_tensor() {
   return *cache;
 }
 
-std::vector<int64_t> values_of(const at::Tensor& perm) {
-  const at::Tensor host = perm.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* p = host.data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + host.numel());
-}
+// perm's values on the host as contiguous int64: the tensor itself where it
+// is one already (no copy per call), else a converted copy.
+at::Tensor host_values(const at::Tensor& perm) { return perm.to(at::kCPU, at::kLong).contiguous(); }
 
-std::shared_ptr<const PreparedPerm> prepared_by_values(std::vector<int64_t> values, const char* op) {
-  const ValueKey key{hash_of(values), static_cast<int64_t>(values.size())};
+std::shared_ptr<const PreparedPerm> prepared_by_values(const at::Tensor& host, const char* op) {
+  const int64_t* p = host.data_ptr<int64_t>();
+  const int64_t n = host.numel();
+  const ValueKey key{hash_of(p, n), n};
   auto found = by_values().find(key);
-  if (found && found->same_values(values)) return found;
+  if (found && found->same_values(p, n)) return found;
+  std::vector<int64_t> values(p, p + n);
   check_perm_values(values, op);
   auto made = std::make_shared<const PreparedPerm>(std::move(values));
   if (!found) by_values().put(key, made);  // (a hash collision is simply not cached)
@@ -80,14 +81,14 @@ std::shared_ptr<const PreparedPerm> prepared_by_values(std::vector<int64_t> valu
 std::shared_ptr<const PreparedPerm> prepared_permutation(const at::Tensor& perm, int64_t extent,
                                                          const at::Device& device, const char* op) {
   check_perm_tensor(perm, extent, device, op);
-  if (perm.device().is_cpu()) return prepared_by_values(values_of(perm), op);
+  if (perm.device().is_cpu()) return prepared_by_values(host_values(perm), op);
   // Inference tensors have no version counter: nothing proves them unchanged.
   const bool trackable = !perm.is_inference();
   if (trackable) {
     const auto seen = by_device_tensor().find(perm.unsafeGetTensorImpl());
     if (seen && seen->matches(perm)) return seen->prepared;
   }
-  auto prepared = prepared_by_values(values_of(perm), op);  // a blocking copy, once
+  auto prepared = prepared_by_values(host_values(perm), op);  // a blocking copy, once
   if (trackable) {
     by_device_tensor().put(perm.unsafeGetTensorImpl(),
                            std::make_shared<const DeviceSeen>(DeviceSeen{

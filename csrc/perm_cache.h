@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,16 +26,19 @@ namespace flashmla_perm {
 // One permutation's plans, each built on first use and kept.
 class PreparedPerm {
  public:
-  explicit PreparedPerm(std::vector<int64_t> values) : values_(std::move(values)) {}
-  int64_t size() const { return static_cast<int64_t>(values_.size()); }
+  explicit PreparedPerm(std::vector<int64_t> values)
+      : values_(std::make_shared<const std::vector<int64_t>>(std::move(values))) {}
+  int64_t size() const { return static_cast<int64_t>(values_->size()); }
   // Cycle segments of rows (a dim of any stride but 1).
   std::shared_ptr<const RowPlanEntry> rows() const;
   // A gather map for elements of `element_size` bytes (a dim of stride 1).
   std::shared_ptr<const ColPlanEntry> cols(int64_t element_size) const;
-  bool same_values(const std::vector<int64_t>& values) const { return values == values_; }
+  bool same_values(const int64_t* values, int64_t n) const {
+    return n == size() && std::equal(values_->begin(), values_->end(), values);
+  }
 
  private:
-  const std::vector<int64_t> values_;
+  const SharedPerm values_;  // one copy, shared with the plans
   mutable std::mutex mu_;
   mutable std::shared_ptr<const RowPlanEntry> rows_;
   mutable std::map<int64_t, std::shared_ptr<const ColPlanEntry>> cols_;

@@ -33,7 +33,12 @@ int64_t block_size(const int64_t* perm, int64_t n) {
 }
 
 RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment) {
+  return make_row_plan(std::make_shared<const std::vector<int64_t>>(std::move(perm)), max_segment);
+}
+
+RowPlan make_row_plan(SharedPerm shared, int64_t max_segment) {
   RowPlan plan;
+  const std::vector<int64_t>& perm = *shared;
   const int64_t n = static_cast<int64_t>(perm.size());
   int64_t g = block_size(perm.data(), n);
   int64_t unit = 1;
@@ -80,12 +85,17 @@ RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment) {
   plan.segments = std::move(multi);
   plan.segments.insert(plan.segments.end(), single.begin(), single.end());
   plan.num_segments = static_cast<int64_t>(plan.segments.size()) / 3;
-  plan.perm = std::move(perm);
+  plan.perm = std::move(shared);
   return plan;
 }
 
 ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
+  return make_col_plan(std::make_shared<const std::vector<int64_t>>(std::move(perm)), element_size);
+}
+
+ColPlan make_col_plan(SharedPerm shared, int64_t element_size) {
   ColPlan plan;
+  const std::vector<int64_t>& perm = *shared;
   const int64_t n = static_cast<int64_t>(perm.size());
   plan.identity = true;
   for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;
@@ -97,10 +107,10 @@ ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
   plan.chunk_shift = shift;
   const int64_t chunk = int64_t{1} << shift;
   const int64_t row_bytes = n * element_size;
-  plan.perm = std::move(perm);
+  plan.perm = shared;
   if (row_bytes > INT32_MAX) return plan;  // no gather map: such rows take the ATen path
   plan.source_offset.resize(static_cast<size_t>(row_bytes / chunk));
-  const std::vector<int64_t>& p = plan.perm;
+  const std::vector<int64_t>& p = perm;
   for (int64_t b = 0; b < row_bytes; b += chunk) {
     const int64_t e = b / element_size;
     plan.source_offset[b / chunk] =

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,10 @@ void check_permutation(const int64_t* perm, int64_t n, const std::string& what);
 // aligned blocks of g consecutive indices.
 int64_t block_size(const int64_t* perm, int64_t n);
 
+// A permutation's values, shared by its plans and the caller that prepared it
+// (one copy, however many plans).
+using SharedPerm = std::shared_ptr<const std::vector<int64_t>>;
+
 // fused = standard[perm] along dim 0, as cycles of units cut into segments.
 struct RowPlan {
   int64_t unit_rows = 1;
@@ -33,8 +38,9 @@ struct RowPlan {
   std::vector<int64_t> segments;  // 3 per segment: first position, length, tail slot
   int64_t num_segments = 0;
   int64_t num_scratch = 0;        // segments [0, num_scratch) own scratch slot == index
-  std::vector<int64_t> perm;      // the permutation itself (for the ATen path)
+  SharedPerm perm;                // the permutation itself (for the ATen path)
 };
+RowPlan make_row_plan(SharedPerm perm, int64_t max_segment = kMaxSegment);
 RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment = kMaxSegment);
 
 // fused = standard[..., perm] along the last dim, for elements of
@@ -43,8 +49,9 @@ struct ColPlan {
   int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= kMaxChunk)
   std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries; empty for rows over 2^31 bytes
   bool identity = false;
-  std::vector<int64_t> perm;
+  SharedPerm perm;
 };
+ColPlan make_col_plan(SharedPerm perm, int64_t element_size);
 ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size);
 
 // The model's permutations (DESIGN.md, "The layouts"); fused = standard[perm].

@@ -61,12 +61,18 @@ RowPlanEntry::RowPlanEntry(RowPlan p)
   built.fetch_add(1, std::memory_order_relaxed);
 }
 
-ColPlanEntry::ColPlanEntry(ColPlan p)
-    : plan(std::move(p)), arrays(host_array<int32_t>({&plan.source_offset}, at::kInt)) {
+// The gather map as a tensor over the plan's own memory (no second host copy;
+// the entry owns both, and the plan never changes).
+static at::Tensor aliased(const std::vector<int32_t>& v) {
+  if (v.empty()) return at::empty({0}, at::kInt);
+  return at::from_blob(const_cast<int32_t*>(v.data()), {static_cast<int64_t>(v.size())}, at::kInt);
+}
+
+ColPlanEntry::ColPlanEntry(ColPlan p) : plan(std::move(p)), arrays(aliased(plan.source_offset)) {
   built.fetch_add(1, std::memory_order_relaxed);
 }
 
-const RowPlanEntry& ColPlanEntry::units() const {
+const RowPlanEntry& ColPlanEntry::units() const {  // shares plan.perm
   std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(plan.perm)); });
   return *units_;
 }

@@ -1,0 +1,80 @@
+"""Extra peak memory of one in-place permutation, measured the way README
+states its bound: peak RSS above the level just before the call, each case
+in a fresh process (no plan cached yet, so the plan's memory counts).
+
+    python scripts/extra_memory.py            # every case, a table
+    python scripts/extra_memory.py --json     # one JSON object per case
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+CASES = {  # name: (shape, dim, what perm)
+    "[4, 4Mi] dim 1": ((4, 4 << 20), 1, "random"),
+    "[4Mi, 4] dim 0": ((4 << 20, 4), 0, "random"),
+    "[64, 256Ki] dim 1": ((64, 256 << 10), 1, "random"),
+    "wq_b TP1 (permute_wq_b_)": (None, None, "wq_b"),
+    "wo_a TP1 (permute_wo_a_)": (None, None, "wo_a"),
+}
+
+CHILD = r"""
+import json, sys, torch, flashmla_perm as fp
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+shape, dim, kind = json.loads(sys.argv[1])
+torch.manual_seed(0)
+if kind == "wq_b":
+    tensors = [torch.randint(0, 256, (32768, 1280), dtype=torch.uint8), torch.randint(0, 256, (32768, 40), dtype=torch.uint8)]
+    call = lambda: fp.permute_wq_b_(*tensors, 64)
+elif kind == "wo_a":
+    tensors = [torch.randint(0, 256, (8192, 4096), dtype=torch.uint8), torch.randint(0, 256, (8192, 128), dtype=torch.uint8)]
+    call = lambda: fp.permute_wo_a_(*tensors)
+else:
+    tensors = [torch.randint(0, 256, shape, dtype=torch.uint8)]
+    perm = torch.randperm(shape[dim])
+    call = lambda: fp.permute_(tensors[0], perm, dim)
+nbytes = sum(t.numel() * t.element_size() for t in tensors)
+indices = shape[dim] if kind == "random" else 0
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # peak RSS := RSS now
+before = status("VmRSS")
+call()
+extra = status("VmHWM") - before
+print(json.dumps({"bytes": nbytes, "indices": indices, "extra": extra, "native": fp.build_info()["native"]}))
+"""
+
+
+def measure(shape, dim, kind):
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([shape, dim, kind])],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    MiB = 1 << 20
+    if not args.json:
+        print("| case | tensor | extra peak | x tensor | bound (1/32 + 4 B/index + 1 MiB) |")
+        print("| --- | --- | --- | --- | --- |")
+    for name, (shape, dim, kind) in CASES.items():
+        r = measure(shape, dim, kind)
+        bound = r["bytes"] / 32 + 4 * r["indices"] + MiB
+        r.update(case=name, bound=bound, within=r["extra"] <= bound)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(f"| {name} | {r['bytes'] / MiB:.1f} MiB | {r['extra'] / MiB:.1f} MiB | {r['extra'] / r['bytes']:.3f} |"
+                  f" {bound / MiB:.1f} MiB: {'within' if r['within'] else 'OVER'} |")
+
+
+if __name__ == "__main__":
+    main()
