@@ -19,8 +19,8 @@ void check_writable(const at::Tensor& t, const char* op, const char* name) {
                     " requires grad; permute weights under torch.no_grad() or on a detached tensor");
   // Every element is written in place, so no two may share a byte: the
   // exact rule (csrc/overlap.h), refusing also where its bounded search
-  // gives up. Disjoint layouts the tile engines cannot take go to the ATen
-  // gather (csrc/apply.cpp).
+  // gives up. Disjoint layouts the tile engines cannot take are permuted as
+  // a packed copy (csrc/apply.cpp).
   TORCH_CHECK_VALUE(self_overlap(t) == Overlap::kNo, op, ": ", name,
                     " has overlapping memory (several elements share bytes, e.g. from expand), or "
                     "interleaved strides that cannot be proven apart; an in-place permutation "

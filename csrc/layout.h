@@ -22,7 +22,7 @@ ByteLayout byte_layout(const at::Tensor& t);
 // Whether two distinct elements share a byte (exact; csrc/overlap.h).
 Overlap self_overlap(const at::Tensor& t);
 // The engines' layouts (provably_disjoint): other self-disjoint layouts
-// take the ATen gather (csrc/apply.cpp).
+// are permuted as a packed copy (csrc/apply.cpp).
 bool engine_layout(const at::Tensor& t);
 
 // Same bytes, as an integer dtype of the same size (bit-exact gathers).
