@@ -67,7 +67,7 @@ Overlap reach(int64_t target, std::vector<Dim> dims, Search& s) {
   dims.pop_back();
   int64_t rest = 0;
   span_of(dims, &rest);  // no overflow: part of `span`
-  const int64_t lo = target <= rest ? 0 : (target - rest + last.pitch - 1) / last.pitch;
+  const int64_t lo = target <= rest ? 0 : (target - rest - 1) / last.pitch + 1;  // ceil, no overflow
   const int64_t hi = std::min(last.size - 1, target / last.pitch);
   bool unknown = false;
   for (int64_t z = lo; z <= hi; ++z) {

@@ -73,7 +73,7 @@ def _reach(target, dims, left):
         return YES
     size, pitch = dims.pop()
     rest = _span(dims)
-    lo = 0 if target <= rest else (target - rest + pitch - 1) // pitch
+    lo = 0 if target <= rest else (target - rest - 1) // pitch + 1
     hi = min(size - 1, target // pitch)
     unknown = False
     for z in range(lo, hi + 1):
