@@ -44,6 +44,21 @@ void aten_packed_gather_(const at::Tensor& t, const std::vector<int64_t>& byte_p
   served(Path::kAten);
 }
 
+// Disjoint layouts the engines cannot take (interleaved dims: csrc/overlap.h
+// accepts them, provably_disjoint does not): the engines permute a packed
+// copy of the bits, copied back once the run is done.
+struct Staged {
+  at::Tensor t, packed;
+};
+at::Tensor engine_tensor(const at::Tensor& t, std::vector<Staged>& staged) {
+  if (engine_layout(t)) return t;
+  staged.push_back({t, bits_view(t).contiguous()});
+  return staged.back().packed;
+}
+void copy_back(const std::vector<Staged>& staged) {
+  for (const Staged& s : staged) bits_view(s.t).copy_(s.packed);
+}
+
 // One call's work on one device, gathered before anything moves.
 struct RowWork {
   const RowPlanEntry* entry;
@@ -145,13 +160,15 @@ int64_t path_count(Path path) { return counts[static_cast<int>(path)].load(); }
 void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
   if (entry->plan.num_segments == 0) return;
   std::vector<UnitView> views;
+  std::vector<Staged> staged;
   at::Device device = at::kCPU;
-  for (const auto& [t, dim] : targets) {
-    if (t.numel() == 0) continue;
-    if (!native_device(t.device())) {
-      aten_gather_(t, dim, *entry->plan.perm);
+  for (const auto& [t_in, dim] : targets) {
+    if (t_in.numel() == 0) continue;
+    if (!native_device(t_in.device())) {
+      aten_gather_(t_in, dim, *entry->plan.perm);
       continue;
     }
+    const at::Tensor t = engine_tensor(t_in, staged);
     const std::vector<UnitView> v = units_of(t, dim, entry->plan.unit_rows);
     views.insert(views.end(), v.begin(), v.end());
     device = t.device();
@@ -159,19 +176,21 @@ void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
   Work w;
   if (!views.empty()) w.rows.push_back({entry.get(), entry, std::move(views)});
   run(w, device);
+  copy_back(staged);
 }
 
 void apply_cols(const std::vector<ColTarget>& work, const char* op) {
   Work w;
+  std::vector<Staged> staged;
   at::Device device = at::kCPU;
   for (const ColTarget& c : work) {
-    const at::Tensor& t = c.t;
     const ColPlan& plan = c.entry->plan;
-    if (t.numel() == 0 || plan.identity) continue;
-    if (!native_device(t.device())) {
-      c.packed_words ? aten_packed_gather_(t, *plan.perm) : aten_gather_(t, c.dim, *plan.perm);
+    if (c.t.numel() == 0 || plan.identity) continue;
+    if (!native_device(c.t.device())) {
+      c.packed_words ? aten_packed_gather_(c.t, *plan.perm) : aten_gather_(c.t, c.dim, *plan.perm);
       continue;
     }
+    const at::Tensor t = engine_tensor(c.t, staged);
     device = t.device();
     std::vector<ColView> views;
     if (c.packed_words) {
@@ -202,6 +221,7 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
     }
   }
   run(w, device);
+  copy_back(staged);
 }
 
 at::Tensor applied_cols(const at::Tensor& src_in, const ColEntry& entry) {

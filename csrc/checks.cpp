@@ -1,6 +1,5 @@
 #include "checks.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <c10/core/GradMode.h>
 
 #include <stdexcept>
@@ -18,10 +17,11 @@ void check_writable(const at::Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
   TORCH_CHECK_VALUE(!(t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
                     " requires grad; permute weights under torch.no_grad() or on a detached tensor");
-  // The tile engines write every element in place, so they need proof that
-  // no two elements share bytes (layouts torch makes by slicing,
-  // transposing and padding all pass; any overlap, e.g. from expand, fails).
-  TORCH_CHECK_VALUE(disjoint(t), op, ": ", name,
+  // Every element is written in place, so no two may share a byte: the
+  // exact rule (csrc/overlap.h), refusing also where its bounded search
+  // gives up. Disjoint layouts the tile engines cannot take are permuted as
+  // a packed copy (csrc/apply.cpp).
+  TORCH_CHECK_VALUE(self_overlap(t) == Overlap::kNo, op, ": ", name,
                     " has overlapping memory (several elements share bytes, e.g. from expand), or "
                     "interleaved strides that cannot be proven apart; an in-place permutation "
                     "would corrupt it (permute a .contiguous() copy)");
@@ -39,9 +39,15 @@ void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const 
                 const char* name_b) {
   TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ",
                     name_a, " is on ", a.device());
-  const auto status = at::get_overlap_status(a, b);
-  TORCH_CHECK_VALUE(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial,
-                    op, ": ", name_a, " and ", name_b, " share memory");
+  // Meta tensors have no bytes; empty ones none to share. Otherwise the
+  // exact rule on addresses: refused iff some byte belongs to both, or the
+  // bounded search could not prove them apart.
+  if (a.is_meta() || b.is_meta() || a.numel() == 0 || b.numel() == 0) return;
+  const Overlap o = overlap(byte_layout(a), byte_layout(b));
+  TORCH_CHECK_VALUE(o == Overlap::kNo, op, ": ", name_a, " and ", name_b,
+                    o == Overlap::kYes ? " share memory"
+                                       : " may share memory (their layouts could not be proven apart; "
+                                         "permute .contiguous() copies)");
 }
 
 std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,

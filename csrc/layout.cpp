@@ -16,7 +16,22 @@ std::vector<Dim> dims_except(const at::Tensor& t, int64_t dim) {
   return dims;
 }
 
-bool disjoint(const at::Tensor& t) {
+namespace {
+ByteLayout layout_at(const at::Tensor& t, int64_t offset) {
+  ByteLayout b{offset, static_cast<int64_t>(t.element_size()), {}};
+  for (int64_t i = 0; i < t.dim(); ++i) b.dims.push_back(dim_of(t, i));
+  return b;
+}
+}  // namespace
+
+ByteLayout byte_layout(const at::Tensor& t) {
+  return layout_at(t, static_cast<int64_t>(reinterpret_cast<intptr_t>(t.data_ptr())));
+}
+
+// One tensor: only the pitches matter.
+Overlap self_overlap(const at::Tensor& t) { return self_overlap(layout_at(t, 0)); }
+
+bool engine_layout(const at::Tensor& t) {
   std::vector<Dim> dims;
   for (int64_t i = 0; i < t.dim(); ++i) dims.push_back(dim_of(t, i));
   return provably_disjoint(std::move(dims), static_cast<int64_t>(t.element_size()));

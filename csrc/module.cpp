@@ -6,6 +6,7 @@
 #include "apply.h"
 #include "launch_info.h"
 #include "perm_cache.h"
+#include "overlap.h"
 #include "plan_cache.h"
 
 #ifndef FLASHMLA_PERM_CUDA_ARCHS
@@ -64,6 +65,30 @@ PyObject* clear_plan_caches(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// byte_overlap(a, b=None): csrc/overlap.h on layouts (offset, element_size,
+// ((size, pitch), ...)) in bytes, b None for a's self-overlap; "no", "yes" or
+// "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.
+PyObject* byte_overlap(PyObject*, PyObject* args) {
+  auto parse = [](PyObject* o, flashmla_perm::ByteLayout* t) {
+    PyObject* dims = nullptr;
+    long long offset = 0, element_size = 0, size = 0, pitch = 0;
+    if (!PyArg_ParseTuple(o, "LLO!", &offset, &element_size, &PyTuple_Type, &dims)) return false;
+    *t = {static_cast<int64_t>(offset), static_cast<int64_t>(element_size), {}};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(dims); ++i) {
+      if (!PyArg_ParseTuple(PyTuple_GET_ITEM(dims, i), "LL", &size, &pitch)) return false;
+      t->dims.push_back({static_cast<int64_t>(size), static_cast<int64_t>(pitch)});
+    }
+    return true;
+  };
+  PyObject *a_obj = nullptr, *b_obj = Py_None;
+  flashmla_perm::ByteLayout a{}, b{};
+  if (!PyArg_ParseTuple(args, "O|O", &a_obj, &b_obj) || !parse(a_obj, &a) || (b_obj != Py_None && !parse(b_obj, &b)))
+    return nullptr;
+  const auto o = b_obj == Py_None ? flashmla_perm::self_overlap(a) : flashmla_perm::overlap(a, b);
+  static const char* const names[] = {"no", "yes", "unknown"};
+  return PyUnicode_FromString(names[static_cast<int>(o)]);
+}
+
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "What this module was built with."},
     {"path_counts", path_counts, METH_NOARGS, "Calls served by each path (cpu, cuda, aten)."},
@@ -73,6 +98,7 @@ PyMethodDef methods[] = {
     {"clear_plan_caches", clear_plan_caches, METH_NOARGS, "Empties the plan caches (tests)."},
     {"gpu_launches", flashmla_perm::gpu_launches_py, METH_VARARGS,
      "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op."},
+    {"byte_overlap", byte_overlap, METH_VARARGS, "byte_overlap(a, b=None): csrc/overlap.h's answer."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "flashmla_perm native ops", -1, methods};

@@ -4,26 +4,19 @@ them before the first byte moves."""
 
 import torch
 
+from ._overlap import NO, UNKNOWN, YES, byte_overlap, byte_self_overlap
+
 Q_CHUNK = 16
 O_CHUNK = 32
 
 
-def _surely_non_overlapping(t: torch.Tensor) -> bool:
-    """A sufficient condition for distinct elements to have distinct addresses
-    (csrc/checks.cpp has the same): the dims of size > 1, by stride ascending,
-    each stride at least the span of the dims before it. Layouts it cannot
-    prove (some interleavings that do not overlap) are refused, like overlaps."""
-    sizes, strides = list(t.shape), list(t.stride())
-    if not all(isinstance(v, int) for v in sizes + strides):
-        return True  # symbolic shapes (torch.compile): left to the real kernel
-    if 0 in sizes:
-        return True
-    span = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1):
-        if stride <= 0 or stride < span:
-            return False
-        span += (size - 1) * stride
-    return True
+def _layout(t: torch.Tensor, offset: int):
+    es = t.element_size()
+    return offset, es, [(int(m), int(st) * es) for m, st in zip(t.shape, t.stride())]
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return not all(isinstance(v, int) for v in list(t.shape) + list(t.stride()))
 
 
 def writable(t: torch.Tensor, op: str, name: str) -> None:
@@ -32,7 +25,9 @@ def writable(t: torch.Tensor, op: str, name: str) -> None:
             f"{op}: {name} requires grad; permute weights under torch.no_grad() "
             "or on a detached tensor"
         )
-    if torch._debug_has_internal_overlap(t) == 1 or not _surely_non_overlapping(t):
+    # Pitches alone decide it (fake tensors too); symbolic ones are left to
+    # the real kernel.
+    if not _symbolic(t) and byte_self_overlap(_layout(t, 0)) != NO:
         raise ValueError(
             f"{op}: {name} has overlapping memory (several elements share bytes, e.g. from "
             "expand), or interleaved strides that cannot be proven apart; an in-place "
@@ -55,14 +50,6 @@ def positive(value: int, op: str, name: str) -> None:
         raise ValueError(f"{op}: {name} must be positive, got {value}")
 
 
-def _byte_span(t: torch.Tensor):
-    if t.numel() == 0:
-        return None
-    start = t.storage_offset() * t.element_size()
-    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride())) * t.element_size()
-    return start, start + last + t.element_size()
-
-
 def _without_data(t: torch.Tensor) -> bool:
     return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
 
@@ -72,11 +59,18 @@ def pair(a: torch.Tensor, b: torch.Tensor, op: str, name_a: str, name_b: str) ->
         raise ValueError(f"{op}: {name_b} is on {b.device} but {name_a} is on {a.device}")
     if _without_data(a) or _without_data(b):
         return
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if a.numel() == 0 or b.numel() == 0 or _symbolic(a) or _symbolic(b):
         return
-    sa, sb = _byte_span(a), _byte_span(b)
-    if sa and sb and sa[0] < sb[1] and sb[0] < sa[1]:
+    # Addresses, as csrc/checks.cpp: tensors of separate allocations are far
+    # apart, views of one buffer (or memory aliased from outside torch) meet.
+    o = byte_overlap(_layout(a, a.data_ptr()), _layout(b, b.data_ptr()))
+    if o == YES:
         raise ValueError(f"{op}: {name_a} and {name_b} share memory")
+    if o == UNKNOWN:
+        raise ValueError(
+            f"{op}: {name_a} and {name_b} may share memory (their layouts could not be proven "
+            "apart; permute .contiguous() copies)"
+        )
 
 
 def permutation_shape(perm: torch.Tensor, extent: int, device: torch.device, op: str) -> None:
