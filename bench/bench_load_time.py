@@ -1,28 +1,42 @@
 #!/usr/bin/env python3
 """Load-time cost of permuting a whole model's wq_b and wo_a weights.
 
-For each tensor kind (wq_b weight + scale, wo_a weight + scale, and FlashMLA's
-own layouts: wq_b with DeepGEMM's packed MN-major int32 scale, the 3-D wv
-weight with its packed scale), device and
-backend (`reference`: the plain torch gather; `native`: this package's ops),
-side by side in one process with a plain copy of the same bytes between two
-preallocated buffers:
+Kinds (one rank's shard at tensor-parallel size t, one item per layer):
 
-  median time per layer and per model, effective bandwidth (2 x bytes / time),
-  the ratio to the copy, the speedup over the reference, and the extra peak
-  memory of one call (CPU: peak RSS of a fresh subprocess above its level just
-  before the call; CUDA: peak allocated above the level before).
+  wq_b, wo_a          weight + ue8m0 scale, permuted in place
+  wq_b_packed         wq_b with DeepGEMM's packed MN-major int32 scale
+  wv_packed           the 3-D wv weight with its packed scale
+  permute_q           Q activations [tokens, 64/t, 512] bf16, out of place
+  permute_q_h128      the same with 128/t heads
+  load                the four tensors of a layer loaded through their weight
+                      loaders, checkpoint -> param (pinned host -> GPU on CUDA)
+
+Backends, side by side in one process, taking turns within each pass:
+`copy` (a plain copy of the same bytes; for `load` the plain loader, vLLM's
+default_weight_loader), `reference` (the plain torch gather; for `load`,
+vLLM's permute_on_load, reported as `vllm`) and `native` (this package).
+
+Per (device, tp, kind, backend): the median wall time (host-inclusive) and
+device time of a whole pass over the layers, effective bandwidth (the bytes
+moved: each byte read once and written once, over the time), the ratios to
+the copy, the speedup over the reference, and the extra peak memory of one
+call (CPU: peak RSS of a fresh subprocess above its level just before the
+call; CUDA: peak allocated above the level before). Device time on CUDA: the
+pass captured in a CUDA graph and replayed (events), or, for a backend that
+cannot be captured (it syncs or copies from the host), the sum of the device
+activity torch.profiler records; on the CPU it is the wall time.
 
 Every backend is checked byte for byte against the reference before it is
-timed; a wrong one is reported as wrong and never timed. The model's layers
-are distinct tensors (no cache-resident reruns), warm-up is excluded, and CUDA
-is timed with events.
+timed; a wrong one is reported as wrong, never timed, and the exit status is
+1. The layers are distinct tensors of random bytes (no cache-resident reruns)
+and warm-up is excluded.
 
-Default: DeepSeek-V4.1-Flash at tensor-parallel size 1, 43 layers, every
-backend available here.
+Default: DeepSeek-V4.1-Flash at TP 1, 43 layers, every kind and backend
+available here.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -30,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable, Dict
 
 import torch
 
@@ -39,60 +54,73 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
-KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
+WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
+Q_KINDS = {"permute_q": None, "permute_q_h128": 128}  # kind -> heads before TP (None: --heads)
+KINDS = (*WEIGHT_KINDS, *Q_KINDS, "load")
 PACKED_COLUMNS = 128  # weight columns one packed int32 scale word covers (4 x 32)
+Q_ITEMS = 4  # distinct Q tensors per pass: each is far larger than any cache
 MiB = 1 << 20
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tp", type=int, default=1, choices=[1, 2, 4, 8], help="tensor-parallel size")
+    p.add_argument("--tp", type=int, nargs="+", default=[1], choices=[1, 2, 4, 8],
+                   help="tensor-parallel sizes, e.g. --tp 1 2 4 8")
     p.add_argument("--layers", type=int, default=43, help="layers carrying wq_b/wo_a (40 + 3 MTP)")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--head-dim", type=int, default=512)
     p.add_argument("--q-lora-rank", type=int, default=1280, help="K of wq_b")
     p.add_argument("--o-lora-rank", type=int, default=1024, help="rows of wo_a per group")
     p.add_argument("--group", type=int, default=8, help="heads per wo_a group")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens of the permute_q kinds")
     p.add_argument("--weight-dtype", default="float8_e4m3fn")
     p.add_argument("--scale-dtype", default="uint8", help="uint8 or float8_e8m0fnu")
     p.add_argument("--reps", type=int, default=5, help="timed passes over the model")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
-    p.add_argument("--backends", default="reference,native")
+    p.add_argument("--backends", default="reference,native",
+                   help="besides the copy; for the load kind `reference` is vLLM's permute_on_load")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
     p.add_argument("--kernel-times", action="store_true",
                    help="after the timed passes, one more pass per backend under torch.profiler: "
                         "each kernel's launches, total and mean device time per op (CPU: top-level ops)")
-    p.add_argument("--json", metavar="PATH", help="write every number here")
+    p.add_argument("--json", metavar="PATH", help="every number, rewritten as each kind finishes")
     p.add_argument("--plot", metavar="PATH", help="PNG of time per model (needs matplotlib)")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        p.error(f"unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
+    return args
 
 
 # --------------------------------------------------------------------------- tensors
 
-def shapes(args, kind):
+def shapes(args, kind, tp):
     """(weight shape, scale shape, the op's integer argument) of one rank's shard.
     The packed kinds' scales are int32, one word per 128 weight columns."""
     cols = args.group * args.head_dim
     groups = args.heads // args.group
-    groups_here = max(groups // args.tp, 1)  # below one group per rank, each rank holds one
+    groups_here = max(groups // tp, 1)  # below one group per rank, each rank holds one
     if kind in ("wq_b", "wq_b_packed"):
-        rows, k = args.heads // args.tp * args.head_dim, args.q_lora_rank
+        rows, k = args.heads // tp * args.head_dim, args.q_lora_rank
         per = PACKED_COLUMNS if kind == "wq_b_packed" else 32
-        return (rows, k), (rows, k // per), args.heads // args.tp
+        return (rows, k), (rows, k // per), args.heads // tp
     if kind == "wo_a":
         rows = groups_here * args.o_lora_rank
         return (rows, cols), (rows, cols // 32), args.group
     if kind == "wv_packed":
         lead = (groups_here, args.o_lora_rank)
         return (*lead, cols), (*lead, cols // PACKED_COLUMNS), args.group
-    raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    raise ValueError(f"no weight shapes for kind {kind!r}")
 
 
 def random_like_bytes(shape, dtype, device):
-    t = torch.empty(shape, dtype=torch.uint8, device=device).random_(0, 256)
-    return t.view(getattr(torch, dtype))
+    """A `shape` tensor of `dtype` filled with random bytes (never zeros)."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    size = torch.empty((), dtype=dtype).element_size()
+    t = torch.empty((*shape[:-1], shape[-1] * size), dtype=torch.uint8, device=device).random_(0, 256)
+    return t.view(dtype)
 
 
 def mn_major_words(shape, device):
@@ -106,8 +134,8 @@ def mn_major_words(shape, device):
     return view
 
 
-def make_layer(args, kind, device):
-    wshape, sshape, _ = shapes(args, kind)
+def make_layer(args, kind, tp, device):
+    wshape, sshape, _ = shapes(args, kind, tp)
     weight = random_like_bytes(wshape, args.weight_dtype, device)
     if kind.endswith("_packed"):
         return weight, mn_major_words(sshape, device)
@@ -119,16 +147,220 @@ def as_bytes(t):
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-def layer_bytes(layer):
-    return sum(as_bytes(t).numel() for t in layer)
+def tensors_bytes(tensors):
+    return sum(as_bytes(t).numel() for t in tensors)
 
 
-# --------------------------------------------------------------------------- backends
+def same_bytes(a, b):
+    return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b))
 
-def backend_fn(name, kind, arg):
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- cases
+#
+# A case is what one (device, tp, kind) times: the items of a pass (one per
+# layer) and, per backend, a function of one item. `check(backend)` says
+# whether the backend gives the reference's bytes, on an item of its own.
+
+@dataclasses.dataclass
+class Case:
+    items: list
+    fns: Dict[str, Callable]  # "copy" first: the baseline
+    item_bytes: int  # bytes of one item's tensors; a pass moves 2x that per item, at the least
+    check: Callable[[str], bool]
+    capturable: frozenset  # backends whose pass a CUDA graph can capture (no sync, no host copy)
+    reference: str = "reference"
+    note: str = ""  # printed once: where the backends came from
+
+
+def copy_into(buffers):
+    """A plain copy of an item's bytes into preallocated buffers of the same size."""
+    def run(tensors):
+        for dst, src in zip(buffers, tensors):
+            dst.copy_(as_bytes(src))
+    return run
+
+
+def weight_fn(name, kind, arg):
     mod = reference if name == "reference" else flashmla_perm
     fn = mod.permute_wq_b_ if kind.startswith("wq_b") else mod.permute_wo_a_
     return lambda layer: fn(layer[0], layer[1], arg)
+
+
+def weight_case(args, kind, tp, device, backends, layers):
+    """The in-place weight ops: each layer a (weight, scale) pair."""
+    _, _, arg = shapes(args, kind, tp)
+    items = [make_layer(args, kind, tp, device) for _ in range(layers)]
+    buffers = [torch.empty(tensors_bytes([t]), dtype=torch.uint8, device=device) for t in items[0]]
+
+    def check(name):
+        layer = make_layer(args, kind, tp, device)
+        expected = [t.clone() for t in layer]
+        weight_fn("reference", kind, arg)(expected)
+        weight_fn(name, kind, arg)(layer)
+        return same_bytes(layer, expected)
+
+    fns = {"copy": copy_into(buffers), **{b: weight_fn(b, kind, arg) for b in backends}}
+    return Case(items, fns, tensors_bytes(items[0]), check, frozenset({"copy", "native"}))
+
+
+def q_case(args, kind, tp, device, backends, layers):
+    """Q activations, permuted out of place (the copy: into a preallocated tensor)."""
+    heads = (Q_KINDS[kind] or args.heads) // tp
+    shape = (args.tokens, heads, args.head_dim)
+    items = [random_like_bytes(shape, torch.bfloat16, device) for _ in range(min(layers, Q_ITEMS))]
+    out = torch.empty_like(items[0])
+    ops = {"reference": reference.permute_q_to_fused, "native": flashmla_perm.permute_q_to_fused}
+
+    def check(name):
+        q = random_like_bytes(shape, torch.bfloat16, device)
+        return same_bytes([ops[name](q)], [reference.permute_q_to_fused(q)])
+
+    fns = {"copy": out.copy_, **{b: ops[b] for b in backends}}
+    return Case(items, fns, tensors_bytes(items[:1]), check, frozenset({"copy", "native"}))
+
+
+# --------------------------------------------------------------------------- the load kind
+#
+# As vLLM's DeepSeek-V4.1 layer does it: each param carries a weight_loader
+# (vLLM's default_weight_loader: param.data.copy_(loaded_weight)), wrapped once
+# by permute_on_load(param, perm, dim) in the layer's __init__; loading a
+# checkpoint tensor calls param.weight_loader(param, loaded_weight).
+
+def plain_loader(param, loaded_weight):
+    """vLLM's default_weight_loader, for a machine without vLLM."""
+    assert param.size() == loaded_weight.size()
+    param.data.copy_(loaded_weight)
+
+
+def permute_on_load_equivalent(param, perm, dim):
+    """vLLM 0.33.0's permute_on_load (composed_weight_loader(loader, gather)),
+    for a machine without vLLM."""
+    loader = param.weight_loader
+
+    def gather(t):
+        return t.view(torch.uint8).index_select(dim, perm.to(t.device)).view(t.dtype)
+
+    def composed_loader(param, loaded_weight):
+        loader(param, loaded_weight)
+        param.data.copy_(gather(param))
+
+    param.weight_loader = composed_loader
+
+
+def vllm_loaders():
+    """(default_weight_loader, permute_on_load, where they came from): vLLM's
+    own where it is installed, else the exact equivalents above."""
+    try:
+        import vllm
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+        from vllm.models.deepseek_v41.common.ops import fused_layout
+    except ImportError as e:
+        return plain_loader, permute_on_load_equivalent, f"the bench's equivalent (no vLLM: {e})"
+    # This package's vLLM plugin replaces permute_on_load when vLLM loads its
+    # plugins: the timed function must be vLLM's own.
+    if fused_layout.permute_on_load.__module__ != fused_layout.__name__:
+        raise SystemExit(f"vLLM's permute_on_load has been replaced by {fused_layout.permute_on_load.__module__}'s")
+    return default_weight_loader, fused_layout.permute_on_load, f"vllm {vllm.__version__}"
+
+
+def load_specs(args, tp):
+    """(shape, dtype, perm, dim) of a layer's four params, as vLLM's layer wraps them."""
+    q_perm = reference.q_fused_permutation(args.heads // tp, args.head_dim)
+    o_perm = reference.o_fused_permutation(args.group, args.head_dim)
+    o_chunk_perm = reference.o_fused_chunk_permutation(args.group, args.head_dim)
+    wq_b, wq_b_scale, _ = shapes(args, "wq_b", tp)
+    wo_a, wo_a_scale, _ = shapes(args, "wo_a", tp)
+    return [(wq_b, args.weight_dtype, q_perm, 0), (wq_b_scale, args.scale_dtype, q_perm, 0),
+            (wo_a, args.weight_dtype, o_perm, 1), (wo_a_scale, args.scale_dtype, o_chunk_perm, 1)]
+
+
+def load_ways(backends):
+    """{backend: permute_on_load to wrap its params with, or None}, the copy
+    first, and a note on where they came from. Imports vLLM (seconds) only
+    when its way is asked for."""
+    loader, ways, notes = plain_loader, {"copy": None}, []
+    if "reference" in backends:
+        loader, ways["vllm"], source = vllm_loaders()
+        notes.append(f"load: vllm = permute_on_load of {source}")
+    if "native" in backends:
+        if hasattr(flashmla_perm, "permute_on_load"):
+            ways["native"] = flashmla_perm.permute_on_load
+        else:
+            notes.append("load: native skipped: this flashmla_perm has no permute_on_load")
+    return loader, ways, "; ".join(notes)
+
+
+def checkpoint_tensor(shape, dtype, device):
+    """Random bytes where a checkpoint tensor is: on CUDA in pinned host
+    memory (made on the device: the CPU's generator is slow), else on the CPU."""
+    t = random_like_bytes(shape, dtype, device)
+    if not device.startswith("cuda"):
+        return t
+    pinned = torch.empty(shape, dtype=t.dtype, pin_memory=True)
+    pinned.copy_(t)
+    return pinned
+
+
+def load_case(args, tp, device, backends, layers):
+    """Each layer: its four checkpoint tensors (random bytes; on CUDA in
+    pinned host memory) and, per way, four fresh params wrapped once. The
+    ways' params share one storage per layer: every load overwrites all of
+    it, and three full copies of the model would not fit a small machine."""
+    loader, ways, note = load_ways(backends)
+    specs = load_specs(args, tp)
+
+    def checkpoint():
+        return [checkpoint_tensor(shape, dtype, device) for shape, dtype, _, _ in specs]
+
+    def storage():  # zeros, not empty: the pages exist before any timed load
+        return [torch.zeros(shape, dtype=getattr(torch, dtype), device=device) for shape, dtype, _, _ in specs]
+
+    def params(wrap, tensors):
+        out = []
+        for t, (_, _, perm, dim) in zip(tensors, specs):
+            p = torch.nn.Parameter(t, requires_grad=False)  # shares t's storage
+            p.weight_loader = loader
+            if wrap is not None:
+                wrap(p, perm, dim)
+            out.append(p)
+        return out
+
+    def load(ps, ckpt):
+        for p, c in zip(ps, ckpt):
+            p.weight_loader(p, c)
+
+    checkpoints = [checkpoint() for _ in range(layers)]
+    storages = [storage() for _ in range(layers)]
+    fns = {}
+    for name, wrap in ways.items():
+        per_layer = {i: params(wrap, storages[i]) for i in range(layers)}
+        fns[name] = lambda i, per_layer=per_layer: load(per_layer[i], checkpoints[i])
+
+    def check(name):
+        """The way's params hold the checkpoint permuted by the package's
+        reference functions (so the native and vLLM ways agree byte for byte)."""
+        ckpt, dst = checkpoint(), storage()
+        load(params(ways[name], dst), ckpt)
+        expected = [c.to(device, copy=True) for c in ckpt]
+        reference.permute_wq_b_(expected[0], expected[1], args.heads // tp)
+        reference.permute_wo_a_(expected[2], expected[3], args.group)
+        return same_bytes(dst, expected)
+
+    return Case(list(range(layers)), fns, tensors_bytes(checkpoints[0]), check, frozenset(),
+                reference="vllm", note=note)
+
+
+def make_case(args, kind, tp, device, backends, layers):
+    if kind == "load":
+        return load_case(args, tp, device, backends, layers)
+    if kind in Q_KINDS:
+        return q_case(args, kind, tp, device, backends, layers)
+    return weight_case(args, kind, tp, device, backends, layers)
 
 
 def available_backends(args):
@@ -137,49 +369,92 @@ def available_backends(args):
     return [b for b in wanted if b == "reference" or (b == "native" and native)]
 
 
-def check_against_reference(args, kind, device, backend):
-    """True when `backend` gives the reference's bytes on one fresh layer."""
-    _, _, arg = shapes(args, kind)
-    layer = make_layer(args, kind, device)
-    expected = [t.clone() for t in layer]
-    backend_fn("reference", kind, arg)(expected)
-    backend_fn(backend, kind, arg)(layer)
-    return all(torch.equal(as_bytes(a), as_bytes(b)) for a, b in zip(layer, expected))
-
-
 # --------------------------------------------------------------------------- timing
 
-class Timer:
-    """Wall time on the CPU; CUDA events on a GPU (synchronised once per pass)."""
-
-    def __init__(self, device):
-        self.cuda = device.startswith("cuda")
-
-    def pass_seconds(self, fn, items):
-        if not self.cuda:
-            total = 0.0
-            for item in items:
-                t0 = time.perf_counter()
-                fn(item)
-                total += time.perf_counter() - t0
-            return total
-        events = []
-        for item in items:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(item)
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        return sum(s.elapsed_time(e) for s, e in events) / 1e3
+def wall_seconds(device, run):
+    """Host-inclusive time of run(): from an idle device to an idle device."""
+    sync(device)
+    t0 = time.perf_counter()
+    run()
+    sync(device)
+    return time.perf_counter() - t0
 
 
-def copy_fn(buffers):
-    """A plain copy of a layer's bytes into preallocated buffers of the same size."""
-    def run(layer):
-        for dst, src in zip(buffers, layer):
-            dst.copy_(as_bytes(src))
-    return run
+def event_seconds(run):
+    """Device time of run() on the current stream (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def capture_graph(run):
+    """run() captured in a CUDA graph; returns the replay. The warm-up on a
+    side stream first is what torch.cuda.graph asks for (lazy init off the
+    capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
+def profile_totals(run, cuda):
+    """{name: (count, microseconds)} of one run() under torch.profiler: every
+    device activity (kernels, memcpy, memset) on CUDA, the top-level ops on
+    the CPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        if (e.device_type == DeviceType.CUDA) if cuda else (e.cpu_parent is None):
+            count, us = totals.get(e.name, (0, 0.0))
+            totals[e.name] = (count + 1, us + e.time_range.elapsed_us())
+    return totals
+
+
+def profiled_device_seconds(run):
+    """The device activity of run(), summed: idle gaps between kernels (a
+    backend that syncs has them) are not counted."""
+    totals = profile_totals(run, cuda=True)
+    if not totals:
+        raise RuntimeError("torch.profiler recorded no device activity (is CUPTI available?)")
+    return sum(us for _, us in totals.values()) / 1e6
+
+
+def device_timer(device, run_pass, capturable):
+    """(a callable giving one pass's device seconds, how). On the CPU there
+    is no device: None, and the device time is the wall time."""
+    if not device.startswith("cuda"):
+        return None, "wall"
+    if capturable:
+        try:
+            replay = capture_graph(run_pass)
+            return (lambda: event_seconds(replay)), "graph"
+        except RuntimeError as e:  # a backend that syncs inside: say so, and profile it instead
+            progress(f"graph capture failed ({first_line(e)}); torch.profiler instead")
+            torch.cuda.synchronize()
+    try:
+        profiled_device_seconds(run_pass)  # CUPTI may be missing: find out before the timed passes
+    except Exception as e:
+        return None, f"wall (profiler failed: {first_line(e)})"
+    return (lambda: profiled_device_seconds(run_pass)), "profiler"
+
+
+def first_line(e):
+    return (str(e).splitlines() or [type(e).__name__])[0]
 
 
 def progress(msg):
@@ -188,24 +463,31 @@ def progress(msg):
         sys.stderr.flush()
 
 
-def time_kind(args, kind, device, backends):
-    _, _, arg = shapes(args, kind)
-    progress(f"[{device} {kind}] making {args.layers} layers of random bytes")
-    layers = [make_layer(args, kind, device) for _ in range(args.layers)]
-    buffers = [torch.empty(layer_bytes([t]), dtype=torch.uint8, device=device) for t in layers[0]]
-    fns = {"copy": copy_fn(buffers), **{b: backend_fn(b, kind, arg) for b in backends}}
-    timer = Timer(device)
-    for name, fn in fns.items():  # warm-up: plans, allocator, page faults
-        fn(layers[0])
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    seconds = {name: [] for name in fns}
+def one_pass(fn, items):
+    def run():
+        for item in items:
+            fn(item)  # an out-of-place result is dropped at once, as a caller would
+    return run
+
+
+def time_case(args, case, device, label):
+    """{backend: (wall seconds per pass, device seconds per pass, how the
+    device time was taken)}, `args.reps` passes each, backends interleaved
+    so that drift hits every backend alike."""
+    passes = {name: one_pass(fn, case.items) for name, fn in case.fns.items()}
+    for name, fn in case.fns.items():  # warm-up: plans, allocator, page faults
+        fn(case.items[0])
+    sync(device)
+    timers = {name: device_timer(device, run, name in case.capturable) for name, run in passes.items()}
+    wall = {name: [] for name in passes}
+    dev = {name: [] for name in passes}
     for rep in range(args.reps):
-        for name, fn in fns.items():  # interleaved, so drift hits every backend alike
-            progress(f"[{device} {kind}] pass {rep + 1}/{args.reps}: {name}")
-            seconds[name].append(timer.pass_seconds(fn, layers))
-    kernels = kernel_times(device, kind, fns, layers) if args.kernel_times else []
-    return seconds, layer_bytes(layers[0]), kernels
+        for name, run in passes.items():
+            progress(f"{label} pass {rep + 1}/{args.reps}: {name}")
+            wall[name].append(wall_seconds(device, run))
+            timer, _ = timers[name]
+            dev[name].append(timer() if timer else wall[name][-1])
+    return {name: (wall[name], dev[name], timers[name][1]) for name in passes}
 
 
 # --------------------------------------------------------------------------- kernel times
@@ -216,45 +498,29 @@ def short_kernel_name(name):
     return re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)  # the parameter list
 
 
-def kernel_times(device, kind, fns, layers):
-    """One extra pass over `layers` per backend under torch.profiler, apart
-    from the timed passes (whose numbers it does not touch). On CUDA: every
-    device activity (kernels, memcpy, memset) by name, with its launches, total
-    and mean device time, per op call (one call per layer). On the CPU: the
-    top-level ops, by CPU time."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+def kernel_times(case, device, kind, tp, label):
+    """One extra pass per backend under torch.profiler, apart from the timed
+    passes (whose numbers it does not touch): each device activity by name,
+    with its launches, total and mean device time per op call (one call per
+    item). On the CPU: the top-level ops, by CPU time."""
     cuda = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     rows = []
-    for name, fn in fns.items():
-        progress(f"[{device} {kind}] kernel times: {name}")
+    for name, fn in case.fns.items():
+        progress(f"{label} kernel times: {name}")
+        key = {"device": device, "kind": kind, "tp": tp, "backend": name}
         try:
-            with profile(activities=activities) as prof:
-                for layer in layers:
-                    fn(layer)
-                if cuda:
-                    torch.cuda.synchronize()
-            events = prof.events()
+            totals = profile_totals(one_pass(fn, case.items), cuda)
         except Exception as e:  # a profiler without CUPTI, say: report it, time nothing
-            rows.append({"device": device, "kind": kind, "backend": name, "error": f"{type(e).__name__}: {e}"})
+            rows.append({**key, "error": f"{type(e).__name__}: {e}"})
             continue
-        totals = {}
-        for e in events:
-            if (e.device_type == DeviceType.CUDA) if cuda else (e.cpu_parent is None):
-                count, us = totals.get(e.name, (0, 0.0))
-                totals[e.name] = (count + 1, us + e.time_range.elapsed_us())
         if not totals:
-            rows.append({"device": device, "kind": kind, "backend": name,
-                         "error": "no device activity recorded (is CUPTI available?)" if cuda else "no ops recorded"})
+            why = "no device activity recorded (is CUPTI available?)" if cuda else "no ops recorded"
+            rows.append({**key, "error": why})
+        ops = len(case.items)
         for kernel, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-            rows.append({
-                "device": device, "kind": kind, "backend": name, "kernel": kernel,
-                "time": "device" if cuda else "cpu", "launches": count, "ops": len(layers),
-                "launches_per_op": count / len(layers), "total_us_per_op": us / len(layers),
-                "mean_us": us / count,
-            })
+            rows.append({**key, "kernel": kernel, "time": "device" if cuda else "cpu", "launches": count,
+                         "ops": ops, "launches_per_op": count / ops, "total_us_per_op": us / ops,
+                         "mean_us": us / count})
     return rows
 
 
@@ -262,20 +528,21 @@ def print_kernel_times(rows, top=6):
     print()
     print(f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
           f"the {top} longest of each, all in --json)")
-    head = f"{'device':6} {'kind':11} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
+    head = f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
     print(head)
     print("-" * len(head))
     shown = {}
     for r in rows:
-        key = (r["device"], r["kind"], r["backend"])
+        key = (r["device"], r["kind"], r["tp"], r["backend"])
         shown[key] = shown.get(key, 0) + 1
         if shown[key] > top:
             continue
+        lead = f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9}"
         if "error" in r:
-            print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['error']}")
+            print(f"{lead} {r['error']}")
             continue
-        print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['launches_per_op']:9.2f} "
-              f"{r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  {short_kernel_name(r['kernel'])}")
+        print(f"{lead} {r['launches_per_op']:9.2f} {r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  "
+              f"{short_kernel_name(r['kernel'])}")
 
 
 # --------------------------------------------------------------------------- memory
@@ -289,18 +556,19 @@ def read_hwm_bytes():
 
 
 def memory_probe(spec):
-    """Runs in a fresh subprocess: extra peak memory of one call."""
+    """Runs in a fresh subprocess: extra peak memory of one call (one layer),
+    above the tensors it works on (for `load`: the params and the checkpoint)."""
     args = parse_args(spec["argv"])
-    kind, device, backend = spec["kind"], spec["device"], spec["backend"]
-    _, _, arg = shapes(args, kind)
-    fn = backend_fn(backend, kind, arg)
-    fn(make_layer(args, kind, device))  # warm-up: plans and allocator pools exist already
-    layer = make_layer(args, kind, device)
+    kind, tp, device, backend = spec["kind"], spec["tp"], spec["device"], spec["backend"]
+    option = {"copy": [], "vllm": ["reference"]}.get(backend, [backend])  # its --backends name
+    case = make_case(args, kind, tp, device, option, layers=2)
+    fn = case.fns[backend]
+    fn(case.items[0])  # warm-up: plans and allocator pools exist already
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        fn(layer)
+        fn(case.items[1])
         torch.cuda.synchronize()
         extra = torch.cuda.max_memory_allocated() - before
     else:
@@ -309,13 +577,13 @@ def memory_probe(spec):
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         before = read_hwm_bytes()
-        fn(layer)
+        fn(case.items[1])
         extra = read_hwm_bytes() - before
-    print(json.dumps({"extra_bytes": max(extra, 0), "tensor_bytes": layer_bytes(layer)}))
+    print(json.dumps({"extra_bytes": max(extra, 0), "tensor_bytes": case.item_bytes}))
 
 
-def measure_memory(argv, kind, device, backend):
-    spec = json.dumps({"argv": argv, "kind": kind, "device": device, "backend": backend})
+def measure_memory(argv, kind, tp, device, backend):
+    spec = json.dumps({"argv": argv, "kind": kind, "tp": tp, "device": device, "backend": backend})
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-probe", spec],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -323,39 +591,60 @@ def measure_memory(argv, kind, device, backend):
 
 # --------------------------------------------------------------------------- report
 
-def summarize(args, device, kind, seconds, nbytes, memory):
-    copy = statistics.median(seconds["copy"])
+def summarize(args, key, case, times, memory):
+    """One row per backend: key (device, kind, tp) + its numbers."""
+    items = len(case.items)
+    moved = 2 * case.item_bytes  # per item: every byte read once and written once, at the least
+    copy_wall, copy_dev = (statistics.median(s) for s in times["copy"][:2])
+    ref = times.get(case.reference)
     rows = []
-    for name, samples in seconds.items():
-        model = statistics.median(samples)
+    for name, (wall, dev, how) in times.items():
+        model, model_dev = statistics.median(wall), statistics.median(dev)
         row = {
-            "device": device, "kind": kind, "backend": name,
-            "seconds_per_model": model, "seconds_per_layer": model / args.layers,
-            "samples_seconds_per_model": samples,
-            "bytes_per_layer": nbytes, "gbytes_per_s": 2 * nbytes * args.layers / model / 1e9,
-            "x_copy": model / copy,
+            **key, "backend": name,
+            "ms_per_layer": model / items * 1e3, "device_ms_per_layer": model_dev / items * 1e3,
+            "device_time": how,
+            "seconds_per_model": model, "seconds_per_layer": model / items, "layers": items,
+            "samples_seconds_per_model": wall, "samples_device_seconds_per_model": dev,
+            "bytes_per_layer": case.item_bytes, "bytes_moved_per_layer": moved,
+            "gbytes_per_s": moved * items / model / 1e9, "gbytes_per_s_device": moved * items / model_dev / 1e9,
+            "x_copy": model / copy_wall, "x_copy_device": model_dev / copy_dev,
         }
-        if name != "copy" and "reference" in seconds:
-            row["speedup_vs_reference"] = statistics.median(seconds["reference"]) / model
+        if ref and name not in ("copy", case.reference):
+            row["speedup_vs_reference"] = statistics.median(ref[0]) / model
+            row["speedup_vs_reference_device"] = statistics.median(ref[1]) / model_dev
         if name in memory:
             row["extra_peak_bytes"] = memory[name]["extra_bytes"]
-            row["extra_peak_fraction"] = memory[name]["extra_bytes"] / nbytes
+            row["extra_peak_fraction"] = memory[name]["extra_bytes"] / case.item_bytes
         rows.append(row)
     return rows
 
 
-def print_table(rows, wrong):
-    head = f"{'device':6} {'kind':11} {'backend':9} {'ms/layer':>9} {'s/model':>8} {'GB/s':>7} {'x copy':>7} {'vs ref':>7} {'extra mem':>15}"
-    print(head)
-    print("-" * len(head))
+TABLE_HEAD = (f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'ms/layer':>9} {'dev ms':>8} {'how':8} "
+              f"{'GB/s':>7} {'x copy':>7} {'x c dev':>7} {'vs ref':>7} {'extra mem':>15}")
+
+
+def print_rows(rows):
     for r in rows:
         mem = (f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
                if "extra_peak_bytes" in r else "")
         vs = f"{r['speedup_vs_reference']:6.1f}x" if "speedup_vs_reference" in r else ""
-        print(f"{r['device']:6} {r['kind']:11} {r['backend']:9} {r['seconds_per_layer'] * 1e3:9.2f} "
-              f"{r['seconds_per_model']:8.3f} {r['gbytes_per_s']:7.2f} {r['x_copy']:6.2f}x {vs:>7} {mem:>15}")
-    for w in wrong:
-        print(f"{w['device']:6} {w['kind']:11} {w['backend']:9} WRONG: bytes differ from the reference; not timed")
+        print(f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9} {r['ms_per_layer']:9.3f} "
+              f"{r['device_ms_per_layer']:8.3f} {r['device_time']:8} {r['gbytes_per_s']:7.2f} "
+              f"{r['x_copy']:6.2f}x {r['x_copy_device']:6.2f}x {vs:>7} {mem:>15}", flush=True)
+
+
+def print_wrong(key, backend):
+    print(f"{key['device']:6} {key['kind']:14} {key['tp']:2} {backend:9} "
+          f"WRONG: bytes differ from the reference; not timed", flush=True)
+
+
+def write_json(path, doc):
+    """The whole document, replaced atomically: a run killed later keeps it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, path)
 
 
 def plot(rows, path):
@@ -366,7 +655,7 @@ def plot(rows, path):
     except ImportError:
         print(f"--plot: matplotlib is not installed; no {path}", file=sys.stderr)
         return
-    labels = [f"{r['device']} {r['kind']}\n{r['backend']}" for r in rows]
+    labels = [f"{r['device']} {r['kind']} tp{r['tp']}\n{r['backend']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
     ax.bar(range(len(rows)), [r["seconds_per_model"] for r in rows])
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
@@ -375,6 +664,35 @@ def plot(rows, path):
     ax.set_title("flashmla_perm: load-time permutation cost")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+# --------------------------------------------------------------------------- main
+
+def run_kind(args, argv, key, backends, doc):
+    """Check, time and report one (device, kind, tp); its rows go into doc."""
+    device, kind, tp = key["device"], key["kind"], key["tp"]
+    label = f"[{device} {kind} tp{tp}]"
+    progress(f"{label} making {args.layers} layers of random bytes")
+    case = make_case(args, kind, tp, device, backends, args.layers)
+    if case.note and case.note not in doc["notes"]:
+        doc["notes"].append(case.note)
+        print(case.note, flush=True)
+    # Everything but the copy and the package's reference functions (the
+    # oracle itself); for `load` that includes vLLM's way.
+    for name in [b for b in case.fns if b not in ("copy", "reference")]:
+        if not case.check(name):
+            del case.fns[name]
+            doc["wrong"].append({**key, "backend": name})
+            print_wrong(key, name)
+    times = time_case(args, case, device, label)
+    if args.kernel_times:
+        doc["kernel_times"] += kernel_times(case, device, kind, tp, label)
+    memory = {} if args.no_memory else {
+        b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b != "copy"}
+    rows = summarize(args, key, case, times, memory)
+    progress(f"{label} done")
+    print_rows(rows)
+    doc["rows"] += rows
 
 
 def main(argv=None):
@@ -388,35 +706,25 @@ def main(argv=None):
     print(f"flashmla_perm {info['version']}, native={info['native']} cuda={info['cuda']}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"model: {args.layers} layers, {args.heads} heads x {args.head_dim}, TP {args.tp}, "
-          f"weights {args.weight_dtype}, scales {args.scale_dtype} (the packed kinds: int32 MN-major); median of {args.reps} passes")
+          f"weights {args.weight_dtype}, scales {args.scale_dtype} (the packed kinds: int32 MN-major), "
+          f"Q {args.tokens} tokens bf16; median of {args.reps} passes")
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
-    rows, wrong, kernels = [], [], []
+    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__,
+           "rows": [], "wrong": [], "kernel_times": [], "notes": []}
+    print(TABLE_HEAD)
+    print("-" * len(TABLE_HEAD), flush=True)
     for device in devices:
-        for kind in args.kinds.split(","):
-            good = []
-            for b in backends:
-                if b == "reference" or check_against_reference(args, kind, device, b):
-                    good.append(b)
-                else:
-                    wrong.append({"device": device, "kind": kind, "backend": b})
-            seconds, nbytes, kernel_rows = time_kind(args, kind, device, good)
-            kernels += kernel_rows
-            memory = {} if args.no_memory else {
-                b: measure_memory(argv, kind, device, b) for b in good}
-            rows += summarize(args, device, kind, seconds, nbytes, memory)
-    progress("done")
-    print()
-    print_table(rows, wrong)
+        for tp in args.tp:
+            for kind in args.kinds.split(","):
+                run_kind(args, argv, {"device": device, "kind": kind, "tp": tp}, backends, doc)
+                if args.json:
+                    write_json(args.json, doc)
     if args.kernel_times:
-        print_kernel_times(kernels)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "build_info": info, "torch": torch.__version__,
-                       "rows": rows, "wrong": wrong, "kernel_times": kernels}, f, indent=2)
+        print_kernel_times(doc["kernel_times"])
     if args.plot:
-        plot(rows, args.plot)
-    return 1 if wrong else 0
+        plot(doc["rows"], args.plot)
+    return 1 if doc["wrong"] else 0
 
 
 if __name__ == "__main__":

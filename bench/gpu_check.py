@@ -1,0 +1,714 @@
+#!/usr/bin/env python3
+"""The one-call check for a machine with an NVIDIA GPU and no network (there:
+torch + CUDA 13, nvcc, compute-sanitizer, ncu, pytest, ninja; no pip
+installs). Run through bench/gpu_check.sh, the interface CI and the docs use.
+From a clean checkout, each step a subprocess under its own timeout, within
+one budget, the figures most wanted first:
+
+  gpu        torch sees a GPU; its architecture; the tools found
+  build      setup.py build_ext --inplace for that architecture only
+  bench      bench/bench_load_time.py on CUDA: every kind, TP 1 2 4 8, wall and
+             device times (CUDA graphs / profiler), per-kernel times, no memory probes
+  tests      the suite's CUDA tests (pytest -k cuda; not the >2^31-byte ones)
+  runtime    tests/test_cuda_runtime.py: streams, threads, graphs, cache eviction, >2^31 bytes
+  ptxas      scripts/ptxas_gate.py on the build log (no spills, no stack)
+  model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log)
+  ncu        Nsight Compute on one native wq_b and one wo_a call at TP 1
+             (bench/ncu_case.py): DRAM throughput as a fraction of peak,
+             shared-memory bank conflicts, instructions issued per byte moved
+  memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
+  racecheck  the same under racecheck
+
+gpu_check.json ($OUT, default /tmp/gpu_check) is rewritten as each step
+starts and ends (name, status, seconds, timeout, log, figures), so a run cut
+short keeps every finished step's figures; logs go beside it, build objects
+to $FLASHMLA_PERM_GPU_CHECK_WORK (default /tmp/flashmla_perm_gpu_check), and
+the summary table prints last. Nothing is written into the repository but
+the module built in place (flashmla_perm/_C*.so). Exit status 0 only when no
+step failed or timed out.
+
+Dry mode (FLASHMLA_PERM_GPU_CHECK_DRY=1) runs the same steps in the same
+order on a machine without a GPU, each CUDA step replaced by its CPU
+counterpart, so that the plumbing is exercised: build reuses the native CPU
+module when it loads (FLASHMLA_PERM_GPU_CHECK_DRY_BUILD=1: build it,
+FLASHMLA_PERM_CUDA=0), the benchmark runs 2 layers once (256 Q tokens),
+tests take the same selection on the CPU, ptxas is skipped, ncu runs
+bench/ncu_case.py on the CPU without ncu, the sanitizer steps run
+bench/sanitizer_case.py on the CPU.
+
+Environment: PYTHON (the python with torch; default python3, in dry mode
+.venv/bin/python when present), OUT, FLASHMLA_PERM_GPU_CHECK_BUDGET_S (default
+480; dry 1440) bounds the whole run, build included: a step gets the smaller
+of its own timeout (dry: 3x) and what is left, and one with under 5 s left is
+skipped (and counts as a failure). FLASHMLA_PERM_GPU_CHECK_TIMEOUTS
+("tests=30,ncu=20") overrides steps' own timeouts (before the dry 3x).
+
+This program imports no torch (the steps do, in their own processes): a
+broken torch still gets a report.
+"""
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGET_S = 480
+# Step timeouts (seconds, on a GPU machine); the order is the run order.
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 60, "runtime": 35, "ptxas": 5,
+            "model": 10, "ncu": 40, "memcheck": 40, "racecheck": 40}
+NCU_KINDS = ("wq_b", "wo_a")
+NCU_METRICS = {
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
+    "dram__bytes_read.sum": "dram_bytes_read",
+    "dram__bytes_write.sum": "dram_bytes_written",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "smem_bank_conflicts",
+    "smsp__inst_executed.sum": "instructions",
+    "gpu__time_duration.sum": "duration_ns",
+}
+KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
+
+
+class StepFailed(Exception):
+    pass
+
+
+class StepTimeout(Exception):
+    pass
+
+
+class Interrupted(Exception):
+    """The check itself got SIGTERM or SIGINT (an outer timeout, say)."""
+
+
+def on_signal(signum, frame):
+    raise Interrupted(f"the check got signal {signal.Signals(signum).name}")
+
+
+# --------------------------------------------------------------------------- configuration
+
+def find_tool(name):
+    """On PATH, else in the CUDA toolkit's usual places."""
+    for path in (shutil.which(name), os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", name),
+                 f"/usr/local/cuda/bin/{name}", f"/usr/local/cuda/{name}/{name}"):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def timeout_overrides(text):
+    """'tests=30,ncu=20' -> {'tests': 30, 'ncu': 20}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, seconds = part.partition("=")
+        if name not in TIMEOUTS:
+            raise SystemExit(f"gpu_check: FLASHMLA_PERM_GPU_CHECK_TIMEOUTS names no step {name!r}")
+        out[name] = int(seconds)
+    return out
+
+
+class Config:
+    def __init__(self, env):
+        self.dry = env.get("FLASHMLA_PERM_GPU_CHECK_DRY") == "1"
+        venv = os.path.join(ROOT, ".venv", "bin", "python")
+        default_py = venv if self.dry and os.access(venv, os.X_OK) else "python3"
+        py = env.get("PYTHON") or default_py
+        # A relative PYTHON or OUT is relative to where the check was started.
+        self.py = os.path.abspath(py) if "/" in py else py
+        self.out = os.path.abspath(env.get("OUT") or "/tmp/gpu_check")
+        self.work = env.get("FLASHMLA_PERM_GPU_CHECK_WORK") or os.path.join(
+            env.get("TMPDIR", "/tmp"), "flashmla_perm_gpu_check")
+        scale = 3 if self.dry else 1  # dry mode runs on small CPU machines
+        self.budget = int(env.get("FLASHMLA_PERM_GPU_CHECK_BUDGET_S") or BUDGET_S * scale)
+        overrides = timeout_overrides(env.get("FLASHMLA_PERM_GPU_CHECK_TIMEOUTS", ""))
+        self.timeouts = {k: overrides.get(k, v) * scale for k, v in TIMEOUTS.items()}
+        self.sanitizer = find_tool("compute-sanitizer")
+        self.ncu = find_tool("ncu")
+        self.arch = ""  # set by the gpu step
+        # Unbuffered, no bytecode or pytest cache in the tree, the repository's package first.
+        self.env = dict(env, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", BENCH_PROGRESS="1",
+                        HYPOTHESIS_STORAGE_DIRECTORY=os.path.join(self.work, "hypothesis"),
+                        PYTHONPATH=ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
+
+    def path(self, name):
+        return os.path.join(self.out, name)
+
+
+# --------------------------------------------------------------------------- running a step
+
+class Step:
+    """One step's run: its commands share the step's log and its deadline."""
+
+    def __init__(self, cfg, name, limit):
+        self.cfg, self.name, self.limit = cfg, name, limit
+        self.log_path = cfg.path(f"{name}.log")
+        self.deadline = time.monotonic() + limit
+        self.log = open(self.log_path, "w")
+
+    def say(self, text):
+        self.log.write(text + "\n")
+        self.log.flush()
+
+    def run(self, argv, env=None, stdout=None, check=True):
+        """argv in its own process group, output to the log (or stdout to a
+        file); the whole group is killed at the step's deadline."""
+        self.say("$ " + " ".join(argv))
+        out = open(stdout, "w") if stdout else self.log
+        try:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=dict(self.cfg.env, **(env or {})), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=self.log, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=max(self.deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                stop(proc)
+                raise StepTimeout(f"ran past its {self.limit}s timeout")
+            except Interrupted:
+                stop(proc)  # its own session: the signal that stops us does not reach it
+                raise
+        finally:
+            if stdout:
+                out.close()
+        if check and rc != 0:
+            raise StepFailed(f"{os.path.basename(argv[0])} exited {rc}")
+        return rc
+
+    def python(self, *args, **kw):
+        return self.run([self.cfg.py, *args], **kw)
+
+
+def stop(proc):
+    """SIGTERM to the step's process group, SIGKILL after a grace period."""
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# --------------------------------------------------------------------------- the steps
+# Each takes (cfg, step) and raises StepFailed / StepTimeout.
+
+def step_gpu(cfg, step):
+    step.say(f"python: {cfg.py} ({shutil.which(cfg.py) or 'not found'})")
+    for tool in ("nvcc", "compute-sanitizer", "ncu", "ninja", "nvidia-smi"):
+        step.say(f"{tool:18} {find_tool(tool) or 'not found'}")
+    if not cfg.dry and shutil.which("nvidia-smi"):
+        step.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.used,memory.total,clocks.max.sm",
+                  "--format=csv"], check=False)
+    step.python(os.path.abspath(__file__), "--gpu-info", cfg.path("gpu.json"), env={"DRY": "1" if cfg.dry else "0"})
+    with open(cfg.path("gpu.json")) as f:
+        cfg.arch = json.load(f).get("arch", "")
+
+
+def gpu_info(path):
+    """Runs with PYTHON (torch): what the steps below need, into `path`."""
+    import importlib.util
+
+    import torch
+
+    dry = os.environ.get("DRY") == "1"
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "hypothesis": importlib.util.find_spec("hypothesis") is not None,
+            "pytest": importlib.util.find_spec("pytest") is not None}
+    if torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        free, total = torch.cuda.mem_get_info()
+        info.update(name=torch.cuda.get_device_name(0), devices=torch.cuda.device_count(),
+                    arch=";".join(f"{a}.{b}" for a, b in caps),
+                    free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
+    elif dry:
+        info.update(name="cpu (dry run)", arch="none")
+    print(json.dumps(info))
+    with open(path, "w") as f:
+        json.dump(info, f, indent=2)
+    if not dry and not torch.cuda.is_available():
+        sys.exit(f"gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU: "
+                 "nothing below can run. (FLASHMLA_PERM_GPU_CHECK_DRY=1 runs the CPU counterparts.)")
+    if not info["pytest"]:
+        sys.exit("gpu_check: pytest is not installed for this python")
+    return 0
+
+
+BUILD_INFO = 'import json, flashmla_perm; print("BUILD_INFO " + json.dumps(flashmla_perm.build_info()))'
+NATIVE_LOADS = 'import sys, flashmla_perm; sys.exit(0 if flashmla_perm.build_info()["native"] else 1)'
+BUILT_AS_ASKED = '''
+import sys, flashmla_perm
+info = flashmla_perm.build_info()
+want_cuda = sys.argv[1] == "1"
+if not info["native"] or info["cuda"] != want_cuda:
+    sys.exit(f"gpu_check: the module built is not the one asked for (cuda={want_cuda}): {info}")
+'''
+
+
+def step_build(cfg, step):
+    dry_build = os.environ.get("FLASHMLA_PERM_GPU_CHECK_DRY_BUILD") == "1"
+    if cfg.dry and not dry_build and step.python("-c", NATIVE_LOADS, check=False) == 0:
+        step.say("dry: reusing the native CPU module built in place")
+        step.python("-c", BUILD_INFO)
+        return
+    # From nothing each time, so that the log holds every kernel's ptxas lines.
+    for d in ("temp", "lib"):
+        shutil.rmtree(os.path.join(cfg.work, d), ignore_errors=True)
+    os.makedirs(cfg.work, exist_ok=True)
+    env = {"FLASHMLA_PERM_CUDA": "0"} if cfg.dry else {"FLASHMLA_PERM_CUDA": "1", "TORCH_CUDA_ARCH_LIST": cfg.arch}
+    env["MAX_JOBS"] = os.environ.get("MAX_JOBS") or str(os.cpu_count())
+    step.say(" ".join(f"{k}={v}" for k, v in env.items()))
+    step.python("setup.py", "build_ext", "--inplace", "--build-temp", os.path.join(cfg.work, "temp"),
+                "--build-lib", os.path.join(cfg.work, "lib"), env=env)
+    step.python("-c", BUILD_INFO)
+    step.python("-c", BUILT_AS_ASKED, "0" if cfg.dry else "1")
+
+
+def step_bench(cfg, step):
+    common = ["--tp", "1", "2", "4", "8", "--no-memory", "--kernel-times", "--json", cfg.path("bench.json")]
+    if cfg.dry:
+        step.python("bench/bench_load_time.py", "--devices", "cpu", "--layers", "2", "--reps", "1",
+                    "--tokens", "256", *common)
+    else:
+        step.python("bench/bench_load_time.py", "--devices", "cuda", "--reps", "5", *common)
+
+
+def run_pytest(cfg, step, *args, env=None):
+    env = dict(env or {}, FLASHMLA_PERM_EXPECT_NATIVE="1")
+    if not cfg.dry:
+        env["FLASHMLA_PERM_EXPECT_CUDA"] = "1"
+    step.python("-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", *args, env=env)
+
+
+def step_tests(cfg, step):
+    ignore = ["--ignore=tests/test_cuda_runtime.py"]
+    if step.python("-c", "import hypothesis", check=False) != 0:
+        step.say("NOTE hypothesis is not installed: tests/test_fuzz.py left out")
+        ignore.append("--ignore=tests/test_fuzz.py")
+    examples = os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES") or ("20" if cfg.dry else "200")
+    device = "cpu" if cfg.dry else "cuda"
+    run_pytest(cfg, step, "-q", "tests", *ignore, "-k", f"{device} and not 2_31",
+               f"--junitxml={cfg.path('tests.xml')}", env={"FLASHMLA_PERM_FUZZ_EXAMPLES": examples})
+
+
+def step_runtime(cfg, step):
+    run_pytest(cfg, step, "-v", "tests/test_cuda_runtime.py", f"--junitxml={cfg.path('runtime.xml')}")
+
+
+def step_ptxas(cfg, step):
+    step.python("scripts/ptxas_gate.py", cfg.path("build.log"), "--json", cfg.path("ptxas.json"))
+
+
+def step_model(cfg, step):
+    """The launch model needs no GPU: the same run in dry mode, with today's
+    register figures instead of this build's."""
+    log = []
+    try:
+        with open(cfg.path("build.log"), errors="replace") as f:
+            if "ptxas info" in f.read():
+                log = ["--ptxas-log", cfg.path("build.log")]
+    except OSError:
+        pass
+    step.python("bench/gpu_model.py", "--json", cfg.path("model.json"), *log)
+
+
+def step_ncu(cfg, step):
+    """One ncu process per kind, so that each profiled launch of our kernels
+    (the mangled names hold the namespace) belongs to that kind."""
+    if not cfg.dry and not cfg.ncu:
+        raise StepFailed("ncu not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+    for kind in NCU_KINDS:
+        case = ["bench/ncu_case.py", kind, "--device", "cpu" if cfg.dry else "cuda",
+                "--json", cfg.path(f"ncu_{kind}.json")]
+        if cfg.dry:
+            step.say(f"dry: bench/ncu_case.py {kind} on the CPU instead of under ncu")
+            step.python(*case)
+            continue
+        report = cfg.path(f"ncu_{kind}")
+        step.run([cfg.ncu, "--target-processes", "all", "--kernel-name-base", "mangled",
+                  "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_METRICS),
+                  "--export", report, "--force-overwrite", cfg.py, *case])
+        step.run([cfg.ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
+                 stdout=cfg.path(f"ncu_{kind}.csv"))
+
+
+def sanitize(cfg, step, tool, env=None):
+    if cfg.dry:
+        step.say(f"dry: bench/sanitizer_case.py on the CPU instead of under compute-sanitizer --tool {tool}")
+        step.python("bench/sanitizer_case.py", "cpu")
+        return
+    if not cfg.sanitizer:
+        raise StepFailed("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+    # kns: a substring of the mangled kernel name (the namespace), so that
+    # torch's own kernels are neither checked nor slowed.
+    step.run([cfg.sanitizer, "--tool", tool, "--kernel-name", "kns=flashmla_perm", "--error-exitcode", "9",
+              "--print-limit", "20", cfg.py, "bench/sanitizer_case.py", "cuda"], env=env)
+
+
+def step_memcheck(cfg, step):
+    # No caching allocator: an access past a tensor's end leaves its allocation.
+    sanitize(cfg, step, "memcheck", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+
+
+def step_racecheck(cfg, step):
+    sanitize(cfg, step, "racecheck")
+
+
+STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "tests": step_tests, "runtime": step_runtime,
+         "ptxas": step_ptxas, "model": step_model, "ncu": step_ncu, "memcheck": step_memcheck,
+         "racecheck": step_racecheck}
+assert list(STEPS) == list(TIMEOUTS)
+
+
+# --------------------------------------------------------------------------- figures, per step
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def junit(path):
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    n["passed"] = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    bad = [f"{c.get('classname', '').split('.')[-1]}::{c.get('name')}" for c in root.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    if bad:
+        n["failed_tests"] = bad[:20]
+    return n
+
+
+def sanitizer_figures(text):
+    f = {}
+    if m := re.search(r"ERROR SUMMARY: (\d+) error", text):
+        f["errors"] = int(m.group(1))
+    if m := re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text):
+        f.update(hazards=int(m.group(1)), errors=int(m.group(2)), warnings=int(m.group(3)))
+    if m := re.search(r"sanitizer cases on (\S+): (\d+)/(\d+) OK", text):
+        f.update(device=m.group(1), cases_ok=int(m.group(2)), cases=int(m.group(3)))
+    if m := re.search(r"calls served by each path: (\{.*\})", text):
+        f["paths"] = m.group(1)
+    return f
+
+
+def bench_figures(doc):
+    """Per (device, kind, tp, backend): the wall and device figures."""
+    if not doc:
+        return {}
+    f = {"wrong": len(doc.get("wrong", [])), "notes": doc.get("notes", [])}
+    for r in doc.get("rows", []):
+        g = {"ms_per_layer": round(r["ms_per_layer"], 4), "device_ms_per_layer": round(r["device_ms_per_layer"], 4),
+             "device_time": r["device_time"], "x_copy": round(r["x_copy"], 2),
+             "x_copy_device": round(r["x_copy_device"], 2), "gbytes_per_s_device": round(r["gbytes_per_s_device"], 1),
+             "bytes_moved_per_layer": r["bytes_moved_per_layer"]}
+        if "speedup_vs_reference" in r:
+            g["vs_reference"] = round(r["speedup_vs_reference"], 2)
+        f[f"{r['device']} {r['kind']} tp{r['tp']} {r['backend']}"] = g
+    kernels = [k for k in doc.get("kernel_times", []) if k.get("backend") == "native" and k.get("tp") == 1]
+    f["native_kernels_tp1"] = [
+        {"kind": k["kind"], "kernel": k.get("kernel"), "launches_per_op": k.get("launches_per_op"),
+         "us_per_op": round(k["total_us_per_op"], 2) if "total_us_per_op" in k else None,
+         **({"error": k["error"]} if "error" in k else {})}
+        for k in kernels][:12]
+    return f
+
+
+def number(text):
+    return float(text.replace(",", ""))  # ncu may group thousands
+
+
+def ncu_kind_figures(csv_path, case):
+    """Our kernels' launches in one ncu report (the details page, as CSV),
+    summed; the DRAM throughput weighted by duration."""
+    lines = [line for line in read_text(csv_path).splitlines() if line.startswith('"')]
+    launches = {}
+    for row in csv.DictReader(lines):
+        metric = NCU_METRICS.get(row.get("Metric Name", ""))
+        if metric:
+            launch = launches.setdefault(row["ID"], {"kernel": row.get("Kernel Name", "")})
+            launch[metric] = number(row["Metric Value"])
+    if not launches:
+        return {"error": f"no launch of our kernels in {csv_path}"}
+    total = {m: sum(launch.get(m, 0.0) for launch in launches.values()) for m in NCU_METRICS.values()}
+    moved = case["bytes_moved"] if case else None
+    f = {"launches": len(launches), "kernels": sorted({launch["kernel"] for launch in launches.values()}),
+         "smem_bank_conflicts": int(total["smem_bank_conflicts"]), "instructions": int(total["instructions"]),
+         "dram_bytes": int(total["dram_bytes_read"] + total["dram_bytes_written"]),
+         "duration_us": round(total["duration_ns"] / 1e3, 2)}
+    if total["duration_ns"]:
+        f["dram_pct_of_peak"] = round(sum(launch.get("dram_pct_of_peak", 0.0) * launch.get("duration_ns", 0.0)
+                                          for launch in launches.values()) / total["duration_ns"], 1)
+    if moved:
+        f.update(bytes_moved=moved, instructions_per_byte=round(total["instructions"] / moved, 4),
+                 dram_bytes_per_byte_moved=round(f["dram_bytes"] / moved, 3))
+    return f
+
+
+def ncu_figures(cfg):
+    f = {}
+    for kind in NCU_KINDS:
+        case = load_json(cfg.path(f"ncu_{kind}.json"))
+        if cfg.dry:
+            f[kind] = {"dry": True, **case} if case else {}
+        elif os.path.exists(cfg.path(f"ncu_{kind}.csv")):
+            f[kind] = ncu_kind_figures(cfg.path(f"ncu_{kind}.csv"), case)
+    return f
+
+
+def figures(cfg, name):
+    log = read_text(cfg.path(f"{name}.log"))
+    if name == "gpu":
+        return load_json(cfg.path("gpu.json")) or {}
+    if name == "build":
+        m = re.search(r"^BUILD_INFO (\{.*\})$", log, re.M)
+        f = json.loads(m.group(1)) if m else {}
+        if "reusing" in log:
+            f["reused"] = True
+        return f
+    if name == "bench":
+        return bench_figures(load_json(cfg.path("bench.json")))
+    if name in ("tests", "runtime"):
+        f = junit(cfg.path(f"{name}.xml"))
+        if m := re.search(r"^NOTE (.*)$", log, re.M):
+            f["note"] = m.group(1)
+        return f
+    if name == "ptxas":
+        ks = load_json(cfg.path("ptxas.json")) or []
+        return {"kernel_builds": len(ks), "max_registers": max((k.get("registers", 0) for k in ks), default=None),
+                "spill_bytes": sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in ks),
+                "stack_bytes": sum(k.get("stack", 0) for k in ks)} if ks else {}
+    if name == "model":
+        m = load_json(cfg.path("model.json"))
+        if not isinstance(m, list):
+            return {}
+        rows = [r for r in m if isinstance(r, dict)]
+        fr = [r["predicted_fraction"] for r in rows if isinstance(r.get("predicted_fraction"), (int, float))]
+        return {"model_json": cfg.path("model.json"), "cases": len(rows),
+                "below_target": sum(1 for r in rows if r.get("meets_target") is False),
+                "min_predicted_fraction": round(min(fr), 3) if fr else None}
+    if name == "ncu":
+        return ncu_figures(cfg)
+    if name in ("memcheck", "racecheck"):
+        return sanitizer_figures(log)
+    return {}
+
+
+# --------------------------------------------------------------------------- the record
+
+class Record:
+    """Every step's outcome, rewritten into gpu_check.json at each change."""
+
+    def __init__(self, cfg):
+        self.cfg, self.t0, self.steps = cfg, time.monotonic(), []
+
+    def elapsed(self):
+        return time.monotonic() - self.t0
+
+    def ok(self):
+        return all(s["status"] == "ok" or (s["status"] == "skipped" and not s.get("counts_as_failure"))
+                   for s in self.steps)
+
+    def set(self, step):
+        """Add `step`, or replace the entry of the same name."""
+        self.steps = [s for s in self.steps if s["name"] != step["name"]] + [step]
+        self.write()
+
+    def write(self):
+        cfg = self.cfg
+        doc = {"ok": self.ok(), "dry": cfg.dry, "python": cfg.py, "out": cfg.out, "budget_s": cfg.budget,
+               "elapsed_s": round(self.elapsed()), "steps": self.steps}
+        tmp = cfg.path("gpu_check.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=2)
+        os.replace(tmp, cfg.path("gpu_check.json"))  # never half written, whenever the run is cut
+
+
+def skip(record, name, note, fatal=False):
+    print(f"== [{name}] skipped: {note}", flush=True)
+    record.set({"name": name, "status": "skipped", "seconds": 0, "log": record.cfg.path(f"{name}.log"),
+                "figures": {}, "note": note, **({"counts_as_failure": True} if fatal else {})})
+
+
+def run_step(record, name):
+    """The step under the smaller of its timeout and what is left of the
+    budget; its figures recorded as it ends. True when it passed."""
+    cfg = record.cfg
+    left = cfg.budget - record.elapsed() - 5
+    if left < 5:
+        skip(record, name, f"no time left in the {cfg.budget}s budget", fatal=True)
+        return False
+    limit = int(min(cfg.timeouts[name], left))
+    print(f"== [{name}] timeout {limit}s, log {cfg.path(name + '.log')}", flush=True)
+    entry = {"name": name, "status": "running", "timeout_s": limit, "log": cfg.path(f"{name}.log")}
+    record.set(entry)
+    start = time.monotonic()
+    step = Step(cfg, name, limit)
+    interrupted = None
+    try:
+        STEPS[name](cfg, step)
+        status, note = "ok", ""
+    except StepTimeout as e:
+        status, note = "TIMEOUT", str(e)
+    except Interrupted as e:
+        status, note, interrupted = "INTERRUPTED", str(e), e
+    except StepFailed as e:
+        status, note = "FAILED", str(e)
+    except Exception as e:  # a step that cannot even start (no python, say): the others still run
+        status, note = "FAILED", f"{type(e).__name__}: {e}"
+    if note:
+        step.say(f"gpu_check: {name}: {note}")
+    step.log.close()
+    seconds = time.monotonic() - start
+    for line in read_text(step.log_path).splitlines()[-4:]:
+        print(f"   | {line}")
+    print(f"   -> {name}: {status} in {seconds:.0f}s", flush=True)
+    record.set({**entry, "status": status, "seconds": round(seconds, 1), "figures": figures(cfg, name),
+                **({"note": note} if note else {})})
+    if interrupted:
+        raise interrupted
+    return status == "ok"
+
+
+def run_all(record):
+    """The steps in order. Without a usable GPU/python or build nothing else
+    can run: the rest are skipped, as failures."""
+    names = list(STEPS)
+    for i, name in enumerate(names):
+        if name == "ptxas" and record.cfg.dry:
+            skip(record, name, "dry: no CUDA build")
+            continue
+        if not run_step(record, name) and name in ("gpu", "build"):
+            why = "no usable GPU/python (gpu.log)" if name == "gpu" else "no usable build (build.log)"
+            for rest in names[i + 1:]:
+                skip(record, rest, why, fatal=True)
+            return
+
+
+# --------------------------------------------------------------------------- the summary
+
+def short(name, f):
+    """A few words of figures for the table."""
+    if not f:
+        return ""
+    if name == "gpu":
+        s = f"{f.get('name', '?')}, arch {f.get('arch', '?')}, torch {f.get('torch', '?')} (CUDA {f.get('torch_cuda')})"
+        if "free_gib" in f:
+            s += f", {f['free_gib']} of {f['total_gib']} GiB free"
+        return s + ("" if f.get("hypothesis") else ", no hypothesis")
+    if name == "build":
+        return f"native={f.get('native')} cuda={f.get('cuda')} archs={','.join(f.get('cuda_archs', []))}" + (
+            " (reused)" if f.get("reused") else "")
+    if name == "bench":
+        parts = [f"{k.split()[1]} {v['device_ms_per_layer']:.3g} ms {v['x_copy_device']}x"
+                 for k, v in f.items() if k.endswith(" native") and " tp1 " in k]
+        return ("TP1 native, device ms/layer, x copy: " + "; ".join(parts)
+                + (f"; {f['wrong']} WRONG" if f.get("wrong") else ""))
+    if name in ("tests", "runtime"):
+        failed = f.get("failures", 0) + f.get("errors", 0)
+        s = f"{f.get('passed', '?')} passed, {failed} failed, {f.get('skipped', 0)} skipped"
+        return s + (f"; {f['note']}" if "note" in f else "")
+    if name == "ptxas":
+        return (f"{f['kernel_builds']} kernel builds, max {f['max_registers']} regs, "
+                f"spills {f['spill_bytes']} B, stack {f['stack_bytes']} B")
+    if name == "model":
+        return (f"{f['cases']} cases, {f['below_target']} below target, "
+                f"min {f['min_predicted_fraction']} of a copy (predicted)")
+    if name == "ncu":
+        return "; ".join(
+            f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}" if v.get("dry") else
+                        v.get("error") or f"DRAM {v.get('dram_pct_of_peak')}% of peak, "
+                        f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B")
+            for k, v in f.items() if v)
+    if name in ("memcheck", "racecheck"):
+        s = f"cases {f.get('cases_ok', '?')}/{f.get('cases', '?')} on {f.get('device', '?')}"
+        if "hazards" in f:
+            s += f", {f['hazards']} hazards ({f['errors']} errors)"
+        elif "errors" in f:
+            s += f", {f['errors']} errors"
+        return s
+    return ""
+
+
+def print_summary(record):
+    cfg = record.cfg
+    print()
+    ptxas = read_text(cfg.path("ptxas.log"))
+    if ptxas:
+        print(f"== ptxas\n{ptxas}")
+    for name in ("tests", "runtime"):
+        bad = [line for line in read_text(cfg.path(f"{name}.log")).splitlines() if re.match(r"(FAILED|ERROR) ", line)]
+        for line in bad[:15]:
+            print(f"{name}: {line}")
+    bench = read_text(cfg.path("bench.log")).split("\nkernel times")[0]  # the main table, not the kernels'
+    table = [line for line in bench.splitlines() if re.match(r"(device |-{20}|cpu |cuda)", line)]
+    if table:
+        print("== bench\n" + "\n".join(table) + "\n")
+    print(f"== gpu_check summary{' (DRY: CPU counterparts)' if cfg.dry else ''}: "
+          f"{'all steps ok' if record.ok() else 'FAILED'} in {record.elapsed():.0f}s of {cfg.budget}s; "
+          f"{cfg.path('gpu_check.json')}")
+    print(f"{'step':10} {'status':8} {'secs':>6}  figures / note")
+    for s in record.steps:
+        detail = short(s["name"], s.get("figures")) or s.get("note", "")
+        if s.get("note") and detail != s["note"]:
+            detail += f" [{s['note']}]"
+        print(f"{s['name']:10} {s['status']:8} {s.get('seconds', 0):6.1f}  {detail}")
+    print(f"logs: {cfg.out}/<step>.log")
+
+
+# Files of an earlier run that this one rewrites (so that none is mistaken for this run's).
+OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
+           *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--gpu-info":
+        return gpu_info(sys.argv[2])
+    cfg = Config(os.environ)
+    try:
+        os.makedirs(cfg.out, exist_ok=True)
+    except OSError as e:
+        print(f"gpu_check: cannot create OUT={cfg.out}: {e}")
+        return 2
+    for name in OUTPUTS + tuple(f"{s}.log" for s in STEPS):
+        try:
+            os.remove(cfg.path(name))
+        except FileNotFoundError:
+            pass
+    record = Record(cfg)
+    record.write()
+    print(f"== gpu_check{' (DRY: CPU counterparts)' if cfg.dry else ''}: {ROOT}, python {cfg.py}, "
+          f"OUT {cfg.out}, budget {cfg.budget}s", flush=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        run_all(record)
+    except Interrupted as e:
+        print(f"gpu_check: stopped: {e}")
+    print_summary(record)
+    return 0 if record.ok() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
