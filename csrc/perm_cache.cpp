@@ -2,7 +2,6 @@
 
 #include <c10/util/intrusive_ptr.h>
 
-#include <tuple>
 #include <utility>
 
 #include "bounded_cache.h"
