@@ -31,6 +31,20 @@
 #define FLASHMLA_PERM_UNROLL
 #endif
 
+// Every vector a parallel body loads or stores (not only what it stages)
+// passes through this hook. A GPU faults on a misaligned 16-byte access
+// where a host does not, so the host harness (built with
+// FLASHMLA_PERM_HARNESS_ACCESS_CHECKS) counts the misaligned ones; in every
+// other build it is nothing.
+#if defined(FLASHMLA_PERM_HARNESS_ACCESS_CHECKS) && !defined(__CUDACC__)
+namespace flashmla_perm {
+void harness_vector_access(const void* p, int bytes, bool store);  // tests/harness/tile_harness.cpp
+}
+#define FLASHMLA_PERM_VECTOR_ACCESS(p, bytes, store) ::flashmla_perm::harness_vector_access(p, bytes, store)
+#else
+#define FLASHMLA_PERM_VECTOR_ACCESS(p, bytes, store) ((void)0)
+#endif
+
 namespace flashmla_perm {
 
 // Unit of a cooperative copy: V bytes moved by one load and one store.
@@ -56,6 +70,7 @@ constexpr int kBatch = 4;
 
 template <int V>
 FLASHMLA_PERM_BODY typename VecOf<V>::type load_vec(const uint8_t* p) {
+  FLASHMLA_PERM_VECTOR_ACCESS(p, V, false);
   return *reinterpret_cast<const typename VecOf<V>::type*>(p);
 }
 
@@ -75,7 +90,10 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const 
     constexpr int kPieces = V / sizeof(P);
     P* out = reinterpret_cast<P*>(&v);
     FLASHMLA_PERM_UNROLL
-    for (int j = 0; j < kPieces; ++j) out[j] = *reinterpret_cast<const P*>(row + off[j]);
+    for (int j = 0; j < kPieces; ++j) {
+      FLASHMLA_PERM_VECTOR_ACCESS(row + off[j], static_cast<int>(sizeof(P)), false);
+      out[j] = *reinterpret_cast<const P*>(row + off[j]);
+    }
   };
   if constexpr (V >= 16) {
     if (shift == 3) { pieces(uint64_t{}); return v; }
@@ -118,7 +136,10 @@ FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, Value value) {
       if (base + u * stride < total) v[u] = value(base + u * stride, d[u]);
     FLASHMLA_PERM_UNROLL
     for (int u = 0; u < Batch; ++u)
-      if (base + u * stride < total) *reinterpret_cast<T*>(d[u]) = v[u];
+      if (base + u * stride < total) {
+        FLASHMLA_PERM_VECTOR_ACCESS(d[u], V, true);
+        *reinterpret_cast<T*>(d[u]) = v[u];
+      }
   }
 }
 

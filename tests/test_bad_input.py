@@ -80,6 +80,8 @@ CASES = [
     ("wq_b weight and scale on different devices", lambda: (r(256, 64), torch.empty(256, 2, dtype=torch.uint8, device="meta")), lambda w, s: fp.permute_wq_b_(w, s, 4), ValueError, "weight_scale"),
     ("wq_b weight requires grad", lambda: (grad_tensor(), r(64, 1)), lambda w, s: fp.permute_wq_b_(w, s, 4), ValueError, "weight"),
     ("wq_b scale is the weight", lambda: (lambda w: (w, w))(r(256, 64)), lambda w, s: fp.permute_wq_b_(w, s, 4), ValueError, "share memory"),
+    ("wq_b scale inside the weight's bytes", lambda: (lambda b: (b[:256 * 64].view(256, 64), b[64:64 + 256 * 2].view(256, 2)))(r(256 * 64)), lambda w, s: fp.permute_wq_b_(w, s, 4), ValueError, "share memory"),
+    ("wo_a scale overlapping the weight's end", lambda: (lambda b: (b[:4 * 512].view(4, 512), b[4 * 512 - 8:4 * 512 + 56].view(4, 16)))(r(4 * 512 + 64)), lambda w, s: fp.permute_wo_a_(w, s, 8), ValueError, "share memory"),
     ("wo_a group does not divide columns", lambda: wo(cols=500), lambda w, s: fp.permute_wo_a_(w, s, 8), ValueError, "heads_per_group"),
     ("wo_a head_dim not a multiple of 32", lambda: wo(cols=8 * 48, scols=12), lambda w, s: fp.permute_wo_a_(w, s, 8), ValueError, "head_dim"),
     ("wo_a zero group", lambda: wo(), lambda w, s: fp.permute_wo_a_(w, s, 0), ValueError, "heads_per_group"),

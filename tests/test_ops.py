@@ -192,3 +192,23 @@ def test_meta_tensors_use_the_fake_kernels(device):
     fp.permute_wq_b_(w, s, 2)
     q = torch.empty((4, 8, 64), dtype=torch.bfloat16, device="meta")
     assert fp.permute_q_to_fused(q).shape == (4, 8, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("at", ["first", "last"])
+def test_a_swap_at_either_end_still_moves(device, at, gen):
+    """The identity moves nothing (the column plan says so and is skipped),
+    so that must be decided on every index: the identity but for one swap,
+    at either end, moves both."""
+    n = 64
+    perm = torch.arange(n)
+    i = 0 if at == "first" else n - 2
+    perm[[i, i + 1]] = perm[[i + 1, i]]
+    x = random_tensor((5, n), torch.uint8, device, gen)
+    assert_same_bytes(ops.permute_cols(x, perm), ref.permute_cols(x, perm))
+    for op, reference in ((ops.permute_cols_, ref.permute_cols_), (ops.permute_rows_, ref.permute_rows_)):
+        y = random_tensor((n, n), torch.uint8, device, gen)
+        expected = y.clone()
+        reference(expected, perm)
+        op(y, perm)
+        assert_same_bytes(y, expected)

@@ -194,6 +194,32 @@ def test_plan_caches_are_bounded():
     assert stats()["prepared"] == 64
 
 
+@native_only
+def test_plan_caches_evict_the_least_recently_used():
+    """Full caches (64 prepared permutations; 64 model plans) keep what was
+    used last and drop what was used longest ago: counted by plans built."""
+    _ops._C.clear_plan_caches()
+
+    def permute(n):  # a prepared permutation of n (by value), and its plan
+        fp.permute_(torch.ones(n, dtype=torch.uint8), torch.arange(n).roll(1))
+
+    def permute_q(heads):  # a model plan (the Q permutation of `heads` heads)
+        fp.permute_q_to_fused(torch.ones(1, heads, 16, dtype=torch.bfloat16))
+
+    for call, first in ((permute, 2), (permute_q, 1)):
+        for k in range(first, first + 64):  # full
+            call(k)
+        built = stats()["built"]
+        call(first)  # the oldest, used again: now the newest
+        call(first + 64)  # one more: evicts the least recently used (first + 1)
+        assert stats()["built"] == built + 1
+        call(first + 64)
+        call(first)
+        assert stats()["built"] == built + 1, "the newest entries were evicted"
+        call(first + 1)
+        assert stats()["built"] == built + 2, "the least recently used entry was kept"
+
+
 # ---- permute_on_load, without vLLM ----------------------------------------
 
 def test_permute_on_load_wraps_a_loader_with_vllms_names(gen):

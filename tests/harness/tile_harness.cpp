@@ -15,10 +15,17 @@
 //   --quick                 fewer thread counts (for sanitizer builds)
 // The stress mode also draws random strided layouts (rank 1-4, any dim
 // order, steps, padding, offsets) and runs both engines on the views
-// csrc/strided.h makes of them, packed int32 words included.
-// Exit 0 when every case matches.
+// csrc/strided.h makes of them, packed int32 words included; and row cycles
+// longer than a segment (scratch) with units of several lines cut into
+// slices, through both the threaded tile forms and the serial ones the CPU
+// executor runs (SerialCtx, cpu_row_job / cpu_col_job).
+// Every vector a threaded body stages, loads or stores is checked for the
+// alignment its width needs on a GPU (csrc/tile_bodies.h,
+// FLASHMLA_PERM_VECTOR_ACCESS); a misaligned load or store aborts the run,
+// as it faults on a GPU. Exit 0 when every case matches.
 #include <barrier>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -37,12 +44,33 @@ namespace fp = flashmla_perm;
 
 namespace {
 
-int misaligned = 0;  // vectors a GPU could not have moved (counted, then reported)
+// Staged vectors a GPU could not have moved (either end of a cp.async):
+// counted, then reported (the harness's stage is a memcpy, which works).
+int misaligned = 0;
+
+void count_staged(const void* p, int bytes) {
+  if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes))
+    __atomic_add_fetch(&misaligned, 1, __ATOMIC_RELAXED);
+}
+
+}  // namespace
+
+// Every load and store of a threaded body comes here (csrc/tile_bodies.h),
+// before it happens. A misaligned one stops the run, as it would fault on a
+// GPU (on a host it may fault too, or quietly work: either way, say which).
+void fp::harness_vector_access(const void* p, int bytes, bool store) {
+  if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0) return;
+  std::fprintf(stderr, "FAIL misaligned %d-byte vector %s at %p\n", bytes, store ? "store" : "load", p);
+  std::abort();
+}
+
+namespace {
 
 // One thread of a simulated CTA. A stage is what cp.async does: the copy
 // lands only by stage_wait(); until then the buffer holds poison, so a body
-// that reads its buffer too early gets wrong bytes. Every vector is checked
-// for the alignment the GPU's instruction needs.
+// that reads its buffer too early gets wrong bytes. Both ends of every
+// stage are checked for the alignment the GPU's instruction needs (loads
+// and stores, through the hook above).
 struct ThreadCtx {
   static constexpr bool kSerial = false;
   int tid;
@@ -55,8 +83,8 @@ struct ThreadCtx {
   void sync() { bar->arrive_and_wait(); }
   template <int V>
   void stage(uint8_t* buf, const uint8_t* src) {
-    if (reinterpret_cast<uintptr_t>(buf) % V || reinterpret_cast<uintptr_t>(src) % V)
-      __atomic_add_fetch(&misaligned, 1, __ATOMIC_RELAXED);
+    count_staged(buf, V);
+    count_staged(src, V);
     std::memset(buf, 0xA5, V);
     pending.push_back({buf, src, V});
   }
@@ -65,6 +93,60 @@ struct ThreadCtx {
     pending.clear();
   }
 };
+
+// The CPU executor's context (csrc/cpu_executor.cpp): one thread runs a
+// whole tile, with host copies.
+struct SerialCtx {
+  static constexpr bool kSerial = true;
+  int thread() const { return 0; }
+  int num_threads() const { return 1; }
+  void sync() {}
+  template <int V>
+  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
+  void stage_wait() {}
+};
+
+// Runs a row plan as the CPU executor does (the save pass, then every tile
+// with a buffer of its own), from cpu_row_job's tiling; slice_lines /
+// slice_bytes > 0 cut the tiles smaller than its budget would (units that
+// small never reach the 512 KiB it slices at). Tiles run last to first:
+// they never race, so any order must give the same bytes.
+void run_rows_serial(const fp::UnitView& view, const fp::RowPlan& plan, int64_t slice_lines,
+                     int64_t slice_bytes) {
+  if (plan.num_segments == 0) return;
+  int64_t buffer_bytes = 0;
+  fp::RowJob p = fp::cpu_row_job(view, plan, &buffer_bytes);
+  if (slice_lines > 0) p.slice_lines = std::min(p.slice_lines, slice_lines);
+  if (slice_bytes > 0) p.slice_bytes = std::min(p.slice_bytes, slice_bytes);
+  p.line_tiles = (p.lines + p.slice_lines - 1) / p.slice_lines;
+  p.byte_tiles = (p.line_bytes + p.slice_bytes - 1) / p.slice_bytes;
+  p.tiles = plan.num_segments * p.line_tiles * p.byte_tiles;
+  p.head_tiles = plan.num_scratch * p.line_tiles * p.byte_tiles;
+  std::vector<uint8_t> scratch(plan.num_scratch * view.lines * view.line_bytes + 1);
+  std::vector<uint8_t> buf(p.slice_lines * p.slice_bytes + 1);
+  p.scratch = scratch.data();
+  SerialCtx ctx;
+  for (int64_t t = 0; t < p.head_tiles; ++t) fp::save_segment_head<1>(ctx, p, t);
+  for (int64_t t = p.tiles - 1; t >= 0; --t) fp::row_segment_tile<1>(ctx, p, t, buf.data());
+}
+
+// Runs a column view as the CPU executor does (cpu_col_job: staged tiles,
+// the vector as wide as the plan's chunk, 1 to 64 bytes).
+void run_cols_serial(const fp::ColView& view, const fp::ColPlan& plan) {
+  if (view.rows == 0 || view.row_bytes == 0) return;
+  int64_t buffer_bytes = 0;
+  const fp::ColJob p = fp::cpu_col_job(view, plan, &buffer_bytes);
+  std::vector<uint8_t> buf(buffer_bytes + 1);
+  SerialCtx ctx;
+  auto run = [&](auto v) {
+    for (int64_t t = 0; t < p.tiles; ++t) fp::col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data());
+  };
+  switch (p.vec) {
+    case 64: run(std::integral_constant<int, 64>{}); break;
+    case 32: run(std::integral_constant<int, 32>{}); break;
+    default: fp::with_vector_width(p.vec, run); break;
+  }
+}
 
 // Runs one launch as the GPU would: CTAs [0, grid), each with l.threads
 // threads, its own barrier and shared buffer, taking tiles b, b + grid, ...
@@ -137,6 +219,28 @@ std::vector<int64_t> one_cycle(int64_t n) {
   return p;
 }
 
+// One cycle through `blocks` blocks of g consecutive indices (units of g rows).
+std::vector<int64_t> block_cycle(int64_t blocks, int64_t g) {
+  const std::vector<int64_t> b = one_cycle(blocks);
+  std::vector<int64_t> p;
+  for (int64_t x : b)
+    for (int64_t i = 0; i < g; ++i) p.push_back(x * g + i);
+  return p;
+}
+
+// n >= 65: one cycle through 65..n random indices, the rest permuted at
+// random (a random permutation's cycles may all be short).
+std::vector<int64_t> with_long_cycle(int64_t n) {
+  const std::vector<int64_t> order = random_perm(n);
+  const int64_t len = 65 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n - 64));
+  std::vector<int64_t> p(n), rest(order.begin() + len, order.end());
+  for (int64_t i = 0; i < len; ++i) p[order[i]] = order[(i + 1) % len];
+  std::vector<int64_t> to = rest;
+  std::shuffle(to.begin(), to.end(), rng);
+  for (size_t i = 0; i < rest.size(); ++i) p[rest[i]] = to[i];
+  return p;
+}
+
 std::vector<int64_t> reversal(int64_t n) {
   std::vector<int64_t> p(n);
   for (int64_t i = 0; i < n; ++i) p[i] = n - 1 - i;
@@ -174,11 +278,14 @@ struct Rows {
       std::memcpy(&e[offset + r * row_stride], &buf[offset + perm[r] * row_stride], row_bytes);
     return e;
   }
+  // (into_offset: where the rows start in `into`, when not at `offset`.)
   std::vector<uint8_t> cols_gathered(const std::vector<int64_t>& perm, int64_t esize,
-                                     const std::vector<uint8_t>& from, std::vector<uint8_t> into) const {
+                                     const std::vector<uint8_t>& from, std::vector<uint8_t> into,
+                                     int64_t into_offset = -1) const {
+    const int64_t to = into_offset < 0 ? offset : into_offset;
     for (int64_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < perm.size(); ++c)
-        std::memcpy(&into[offset + r * row_stride + c * esize],
+        std::memcpy(&into[to + r * row_stride + c * esize],
                     &from[offset + r * row_stride + perm[c] * esize], esize);
     return into;
   }
@@ -212,10 +319,14 @@ void shrink(fp::Launch& l, int64_t slice_lines, int64_t slice_bytes, int64_t ste
   for (int j = 0; j < l.num_jobs; ++j) l.tiles += l.job_tiles(j);
 }
 
+// Rows of a padded tensor (units of several lines where the plan groups
+// rows), threaded; with `serial` also as the CPU executor runs them. Slices
+// of slice_lines (0: whole units) x slice_bytes, passes of `step`.
 void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
-                int64_t offset, int threads, int64_t slice_bytes, int64_t step,
-                const std::string& name) {
+                int64_t offset, int threads, int64_t slice_lines, int64_t slice_bytes, int64_t step,
+                bool serial, const std::string& name) {
   Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, offset);
+  const Rows before = t;
   const std::vector<uint8_t> expected = t.rows_gathered(perm);
   const fp::RowPlan plan = fp::make_row_plan(perm);
   const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
@@ -223,13 +334,21 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
       fp::gpu_row_launches(&view, 1, plan, plan.order.data(), plan.segments.data(), small_device());
   for (auto& l : launches) {
     l.threads = threads;
-    shrink(l, plan.unit_rows, slice_bytes, step);
+    shrink(l, slice_lines > 0 ? slice_lines : plan.unit_rows, slice_bytes, step);
   }
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 3);
-  report(t.buf == expected, "rows " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
-                                std::to_string(row_bytes) + " threads=" + std::to_string(threads));
+  const std::string what = "rows " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
+                           std::to_string(row_bytes) + " unit_rows=" + std::to_string(plan.unit_rows);
+  report(t.buf == expected, what + " threads=" + std::to_string(threads));
+  if (serial) {
+    Rows s = before;
+    run_rows_serial(fp::row_units(s.data(), row_stride, row_bytes, plan.unit_rows), plan, slice_lines,
+                    slice_bytes);
+    report(s.buf == expected, what + " serial");
+  }
 }
+
 
 // Columns: in place or out of place, elements of `esize` bytes; in place
 // rows too wide for a tile buffer go through the row plan over column blocks.
@@ -237,9 +356,11 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
                 bool in_place, int threads, const std::string& name) {
   const int64_t row_bytes = static_cast<int64_t>(perm.size()) * esize;
   Rows src(rows, row_bytes, row_bytes + (offset % 3) * 16, offset);
-  Rows dst = src;
-  if (!in_place) dst.buf = random_bytes(src.buf.size());
-  const std::vector<uint8_t> expected = src.cols_gathered(perm, esize, src.buf, dst.buf);
+  // Out of place, the destination is 1-4 bytes off the source's alignment:
+  // the vector width must follow both addresses (a store checks it).
+  const Rows dst_rows(rows, row_bytes, src.row_stride, offset + 1 + offset % 4);
+  Rows dst = in_place ? src : dst_rows;
+  const std::vector<uint8_t> expected = src.cols_gathered(perm, esize, src.buf, dst.buf, dst.offset);
   const fp::ColPlan plan = fp::make_col_plan(perm, esize);
   std::vector<fp::Launch> launches;
   fp::RowPlan units;
@@ -305,17 +426,14 @@ struct Strided {
 
 // Rank-r layout: random sizes (some 1), a random memory order of the dims,
 // steps and padding between them, a random offset.
-Strided random_strided(int rank, int64_t esize) {
+// `order`: the dims innermost (in memory) first; `step`: the innermost pitch
+// in elements (2: a stepped slice).
+Strided strided_of(std::vector<int64_t> sizes, int64_t esize, const std::vector<int>& order, int64_t step) {
   Strided t;
   t.esize = esize;
-  t.size.resize(rank);
-  t.pitch.resize(rank);
-  const int64_t most = rank > 4 ? 4 : 9;  // ranks 5 and 6: more line dims than a Lines holds
-  for (auto& x : t.size) x = 1 + static_cast<int64_t>(rng() % most);
-  std::vector<int> order(rank);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  int64_t pitch = esize * (rng() % 4 == 0 ? 2 : 1);  // a stepped innermost dim now and then
+  t.size = std::move(sizes);
+  t.pitch.resize(t.size.size());
+  int64_t pitch = esize * step;
   int64_t span = 0;
   for (int d : order) {
     t.pitch[d] = pitch;
@@ -325,6 +443,16 @@ Strided random_strided(int rank, int64_t esize) {
   t.offset = esize * static_cast<int64_t>(rng() % 5);
   t.buf = random_bytes(t.offset + span + 16);
   return t;
+}
+
+Strided random_strided(int rank, int64_t esize) {
+  std::vector<int64_t> sizes(rank);
+  const int64_t most = rank > 4 ? 4 : 9;  // ranks 5 and 6: more line dims than a Lines holds
+  for (auto& x : sizes) x = 1 + static_cast<int64_t>(rng() % most);
+  std::vector<int> order(rank);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  return strided_of(std::move(sizes), esize, order, rng() % 4 == 0 ? 2 : 1);  // stepped now and then
 }
 
 // The reference: dim d gathered by perm, element by element.
@@ -358,7 +486,11 @@ void run_col_views(const std::vector<fp::ColView>& views, const fp::ColPlan& pla
   }
 }
 
-void check_strided(int threads, int trials) {
+void run_col_views_serial(const std::vector<fp::ColView>& views, const fp::ColPlan& plan) {
+  for (const fp::ColView& v : views) run_cols_serial(v, plan);
+}
+
+void check_strided(int threads, int trials, bool serial) {
   for (int trial = 0; trial < trials; ++trial) {
     const int rank = 1 + static_cast<int>(rng() % 6);
     const int64_t esize = int64_t{1} << (rng() % 4);
@@ -380,20 +512,32 @@ void check_strided(int threads, int trials) {
     run_row_views(fp::unit_views(t.data(), {n, t.pitch[d]}, rplan.unit_rows, t.others(d), esize, most), rplan,
                   threads);
     report(t.buf == expected, what + " rows");
+    if (serial) {  // the CPU executor's form, its slices forced small
+      Strided r = base;
+      for (const fp::UnitView& v : fp::unit_views(r.data(), {n, r.pitch[d]}, rplan.unit_rows, r.others(d), esize, most))
+        run_rows_serial(v, rplan, 1 + static_cast<int64_t>(rng() % 3), esize * (1 + static_cast<int64_t>(rng() % 3)));
+      report(r.buf == expected, what + " rows serial");
+    }
 
     if (t.pitch[d] == esize) {  // the column engine: in place, and out of place
-      Strided c = base;
       const fp::ColPlan cplan = fp::make_col_plan(perm, esize);
       const int64_t rb = n * esize;
-      run_col_views(fp::col_views_in_place(c.data(), c.others(d), rb, rb, rb, most), cplan, threads);
-      report(c.buf == expected, what + " cols in place");
-      if (d == rank - 1) {  // out of place rows: packed in the tensor's order
-        Strided o = base;
-        std::vector<uint8_t> out(o.numel() * esize + 16, 0x5A), want(out);
-        for (int64_t i = 0; i < o.numel(); ++i)
-          std::memcpy(&want[i * esize], &expected[o.offset + o.at(i)], esize);
-        run_col_views(fp::col_views_out(o.data(), out.data(), o.others(d), rb, most), cplan, threads);
-        report(out == want && o.buf == base.buf, what + " cols out of place");
+      for (bool serial_form : {false, true}) {
+        if (serial_form && !serial) continue;
+        const std::string form = serial_form ? " serial" : "";
+        Strided c = base;
+        const auto in_place = fp::col_views_in_place(c.data(), c.others(d), rb, rb, rb, most);
+        serial_form ? run_col_views_serial(in_place, cplan) : run_col_views(in_place, cplan, threads);
+        report(c.buf == expected, what + " cols in place" + form);
+        if (d == rank - 1) {  // out of place rows: packed in the tensor's order
+          Strided o = base;
+          std::vector<uint8_t> out(o.numel() * esize + 16, 0x5A), want(out);
+          for (int64_t i = 0; i < o.numel(); ++i)
+            std::memcpy(&want[i * esize], &expected[o.offset + o.at(i)], esize);
+          const auto views = fp::col_views_out(o.data(), out.data(), o.others(d), rb, most);
+          serial_form ? run_col_views_serial(views, cplan) : run_col_views(views, cplan, threads);
+          report(out == want && o.buf == base.buf, what + " cols out of place" + form);
+        }
       }
     }
   }
@@ -401,7 +545,7 @@ void check_strided(int threads, int trials) {
 
 // int32 words of four packed bytes, any strides: the bytes of each row of
 // the last dim permuted (runs of 4 where the words are not contiguous).
-void check_packed_words(int threads, int trials) {
+void check_packed_words(int threads, int trials, bool serial) {
   for (int trial = 0; trial < trials; ++trial) {
     const int rank = 1 + static_cast<int>(rng() % 3);
     Strided t = random_strided(rank, 4);
@@ -417,18 +561,72 @@ void check_packed_words(int threads, int trials) {
       for (int64_t b = 0; b < row_bytes; ++b) expected[byte_at(r, b)] = t.buf[byte_at(r, perm[b])];
     const fp::ColPlan plan = fp::make_col_plan(perm, 1);
     const int64_t run = t.size[last] == 1 || t.pitch[last] == 4 ? row_bytes : 4;
+    const std::string what = "packed words rank=" + std::to_string(rank) + " words=" +
+                             std::to_string(t.size[last]) + " pitch=" + std::to_string(t.pitch[last]);
+    if (serial) {  // the CPU executor's form (runs of 4: pack, gather, unpack)
+      Strided c = t;
+      run_col_views_serial(fp::col_views_in_place(c.data(), c.others(last), row_bytes, run, t.pitch[last]), plan);
+      report(c.buf == expected, what + " serial");
+    }
     run_col_views(fp::col_views_in_place(t.data(), t.others(last), row_bytes, run, t.pitch[last]), plan, threads);
-    report(t.buf == expected, "packed words rank=" + std::to_string(rank) + " words=" +
-                                  std::to_string(t.size[last]) + " pitch=" + std::to_string(t.pitch[last]) +
-                                  " threads=" + std::to_string(threads));
+    report(t.buf == expected, what + " threads=" + std::to_string(threads));
+  }
+}
+
+// Row cycles longer than a segment (kMaxSegment units: scratch), units of
+// several lines, each line wider than a 128-byte GPU slice (so cut into
+// slices): the path a transposed [200, 2, 409600] uint8 view permuted along
+// dim 0 by one 200-cycle takes, at a size the harness affords. The GPU
+// planner's own launches, then (`serial`) the CPU executor's tile form with
+// its slices forced small (it slices only units over 512 KiB).
+void check_long_cycles(int threads, int trials, bool serial) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const int rank = 2 + static_cast<int>(rng() % 2);
+    const int64_t esize = int64_t{1} << (rng() % 4);
+    const int d = static_cast<int>(rng() % rank);
+    std::vector<int64_t> sizes(rank);
+    for (auto& x : sizes) x = 2 + static_cast<int64_t>(rng() % 3);
+    sizes[d] = 65 + static_cast<int64_t>(rng() % 236);
+    // Memory order: a dim other than d innermost, contiguous, its lines
+    // 130-520 bytes wide.
+    std::vector<int> order(rank);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    if (order.front() == d) std::swap(order.front(), order.back());
+    sizes[order.front()] = (130 + static_cast<int64_t>(rng() % 391)) / esize + 1;
+    const Strided base = strided_of(sizes, esize, order, 1);
+    const int64_t n = sizes[d];
+    const std::vector<int64_t> perm = rng() % 2 ? one_cycle(n) : with_long_cycle(n);
+    const std::vector<uint8_t> expected = gathered(base, d, perm);
+    std::string what = "long cycles rank=" + std::to_string(rank) + " dim=" + std::to_string(d) +
+                       " esize=" + std::to_string(esize) + " sizes/pitches";
+    for (int i = 0; i < rank; ++i) what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
+    const fp::RowPlan plan = fp::make_row_plan(perm);
+    if (plan.num_scratch == 0) {
+      report(false, what + ": no cycle longer than a segment (the case lost its point)");
+      continue;
+    }
+    Strided t = base;
+    const auto views = fp::unit_views(t.data(), {n, t.pitch[d]}, plan.unit_rows, t.others(d), esize);
+    run_row_views(views, plan, threads);
+    report(t.buf == expected, what + " threads=" + std::to_string(threads));
+    if (serial) {
+      for (int64_t slice : {int64_t{0}, 16 * esize}) {
+        Strided c = base;
+        for (const fp::UnitView& v : fp::unit_views(c.data(), {n, c.pitch[d]}, plan.unit_rows, c.others(d), esize))
+          run_rows_serial(v, plan, slice ? 2 : 0, slice);
+        report(c.buf == expected, what + " serial slice=" + std::to_string(slice));
+      }
+    }
   }
 }
 
 void stress(const std::vector<int>& thread_counts) {
   for (int threads : thread_counts) {
+    const bool serial = threads == thread_counts.front();  // the serial forms once
     // Row permutations: small slices and steps force several tiles per row
     // and several passes per segment.
-    struct RowCase { std::string name; std::vector<int64_t> perm; int64_t bytes, stride_pad, offset, slice, step; };
+    struct RowCase { std::string name; std::vector<int64_t> perm; int64_t bytes, stride_pad, offset, slice, step, lines = 0; };
     std::vector<RowCase> rc = {
         {"q 8x64", fp::q_fused_permutation(8, 64), 40, 0, 0, 16, 4},
         {"q 64x512", fp::q_fused_permutation(64, 512), 24, 8, 3, 128, 64},
@@ -440,9 +638,15 @@ void stress(const std::vector<int>& thread_counts) {
         {"reversal", reversal(300), 64, 0, 0, 32, 4},
         {"identity", identity(100), 32, 0, 0, 32, 4},
         {"blocks", [] { auto b = random_perm(40); std::vector<int64_t> p; for (auto x : b) for (int i = 0; i < 16; ++i) p.push_back(x * 16 + i); return p; }(), 20, 4, 5, 16, 4},
+        // Cycles over 64 units of 4 padded rows (4 lines each), lines cut
+        // into 128-byte slices and units into 2-line slices: scratch read
+        // line by line at a slice's column.
+        {"block cycle 70x4", block_cycle(70, 4), 200, 8, 8, 128, 8, 2},
+        {"block cycle 130x2", block_cycle(130, 2), 392, 8, 0, 128, 64},
     };
     for (auto& c : rc)
-      check_rows(c.perm, c.bytes, c.bytes + c.stride_pad, c.offset, threads, c.slice, c.step, c.name);
+      check_rows(c.perm, c.bytes, c.bytes + c.stride_pad, c.offset, threads, c.lines, c.slice, c.step, serial,
+                 c.name);
     struct ColCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset; };
     std::vector<ColCase> cc = {
         {"o 8x512", fp::o_fused_permutation(8, 512), 1, 9, 0},
@@ -458,8 +662,9 @@ void stress(const std::vector<int>& thread_counts) {
     for (auto& c : cc)
       for (bool in_place : {true, false})
         check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, c.name);
-    check_strided(threads, 40);
-    check_packed_words(threads, 10);
+    check_strided(threads, 40, serial);
+    check_packed_words(threads, 10, serial);
+    check_long_cycles(threads, 6, serial);
   }
 }
 
