@@ -7,7 +7,8 @@ random bytes, on every device (the GPU planner slices far smaller units,
 which the tile harness covers too).
 
 A transposed [200, 2, 409600] uint8 view permuted along dim 0 by one
-200-cycle (164 MB) takes the first path below; so does [65, 2, 266240]."""
+200-cycle (164 MB) takes the first path below, as [70, 2, 266240] does
+(65 units would do: one more than a segment)."""
 
 import pytest
 import torch
@@ -85,8 +86,8 @@ def check(base, view_of, perm, dim, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("perm_kind", ["one cycle", "long and short cycles"])
 def test_long_cycles_of_two_line_units_with_sliced_lines(device, perm_kind, gen):
-    """[65, 2, 266240] as a transpose of [2, 65, 266240]: a unit (index of
-    dim 0) is 2 lines of 266240 bytes, 65 * 266240 apart; the CPU cuts each
+    """[70, 2, 266240] as a transpose of [2, 70, 266240]: a unit (index of
+    dim 0) is 2 lines of 266240 bytes, 70 * 266240 apart; the CPU cuts each
     line into 2 slices, so a tile reads scratch lines a whole line apart
     while it writes only a slice of each."""
     n, lines, line_bytes = 70, 2, 266240

@@ -664,7 +664,7 @@ void stress(const std::vector<int>& thread_counts) {
         check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, c.name);
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
-    check_long_cycles(threads, 6, serial);
+    check_long_cycles(threads, 3, serial);
   }
 }
 

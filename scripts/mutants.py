@@ -1,0 +1,420 @@
+"""Mutation check: small bugs planted one at a time in a copy of the tree,
+each of which some test must catch (docs/TESTING.md has the table).
+
+    python scripts/mutants.py                 # every mutant
+    python scripts/mutants.py slice-offset-serial plan-scratch-slot   # some
+    python scripts/mutants.py --list          # names, files, tests
+    python scripts/mutants.py --all           # every listed test of each mutant
+
+The tree (tracked and untracked, not ignored, files) is copied into
+--workdir (default /tmp/flashmla_perm_mutants), which is kept between runs:
+the native module is built there in place (setup.py build_ext, ninja) and
+the host harness with CMake, once. Each mutant rewrites one file, rebuilds
+(ninja recompiles only the translation units that include it), runs its
+tests until one fails, then puts the file back with its old timestamp and
+the old object files beside it, so the next mutant's build starts from the
+clean tree's objects again. A baseline run first checks that every listed
+test passes on the clean tree.
+
+A mutant is (file, the exact text it replaces, the new text, tests). Text
+found other than exactly once fails loudly, except for a mutant marked
+`optional` whose file is absent or lacks the text (a feature on another
+branch): that one reports "not applicable". Tests are pytest selections
+(run in the copy, against its module) or harness runs ("harness",
+"harness --model"). Exit status 1 if any mutant survives or fails to build.
+"""
+
+import argparse
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: list  # pytest selections ("tests/x.py::y") or "harness ..." runs
+    why: str = ""
+    optional: bool = False  # absent file or text: "not applicable" (another branch's code)
+    needs_cuda: bool = False  # only CUDA tests can catch it: "needs a GPU" elsewhere
+
+
+M = Mutant
+MUTANTS = [
+    # ---- plan construction (csrc/plan.cpp)
+    M("plan-short-cycle-length", "csrc/plan.cpp",
+      "single.insert(single.end(), {first_pos, len, -1});",
+      "single.insert(single.end(), {first_pos, len - 1, -1});",
+      ["tests/test_ops.py", "harness --quick"],
+      "make_row_plan: a whole cycle's segment one unit short (its last unit never written)"),
+    M("plan-col-identity-half", "csrc/plan.cpp",
+      "for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;",
+      "for (int64_t i = 0; i < n / 2 && plan.identity; ++i) plan.identity = perm[i] == i;",
+      ["tests/test_ops.py::test_a_swap_at_either_end_still_moves", "tests/test_ops.py"],
+      "make_col_plan: the identity decided on the first half (a permutation of the second half skipped)"),
+    # ---- cycle segments and scratch slots (csrc/plan.cpp)
+    M("plan-segment-lengths", "csrc/plan.cpp",
+      "const int64_t seg_len = len / nseg + (s < len % nseg ? 1 : 0);",
+      "const int64_t seg_len = len / nseg;",
+      ["tests/test_row_segments.py", "harness --quick"],
+      "segments of a long cycle no longer cover it when nseg does not divide its length"),
+    M("plan-scratch-slot", "csrc/plan.cpp",
+      "const int64_t next_slot = first_slot + (s + 1) % nseg;",
+      "const int64_t next_slot = first_slot + s;",
+      ["tests/test_row_segments.py", "harness --quick"],
+      "a segment's tail read from its own scratch slot instead of the next segment's"),
+    # ---- the line slice's offset in scratch (csrc/tile_bodies.h), both forms
+    M("slice-offset-serial", "csrc/tile_bodies.h",
+      "scratch_src + l * p.line_bytes,",
+      "scratch_src + l * width,",
+      ["tests/test_row_segments.py", "harness --quick"],
+      "serial row tile: scratch line l read at l * slice width, not l * line bytes"),
+    M("slice-offset-threaded", "csrc/tile_bodies.h",
+      "return load_vec<V>(scratch_src + l * sbytes + c);",
+      "return load_vec<V>(scratch_src + l * width + c);",
+      ["harness --quick"],
+      "threaded row tile: the same, as the GPU runs it"),
+    # ---- chunk sizes (csrc/plan.cpp, csrc/tile_bodies.h)
+    M("chunk-shift-too-wide", "csrc/plan.cpp",
+      "run_bytes % (int64_t{2} << shift) == 0) ++shift;",
+      "run_bytes % (int64_t{1} << shift) == 0) ++shift;",
+      ["tests/test_ops.py", "harness --quick"],
+      "make_col_plan: chunks one doubling wider than the runs allow"),
+    M("chunk-pieces-packed-wrong", "csrc/tile_bodies.h",
+      "packed |= static_cast<uint64_t>(piece) << (8 * V * i);",
+      "packed |= static_cast<uint64_t>(piece) << (8 * i);",
+      ["tests/test_ops.py", "tests/test_scale.py", "harness --quick"],
+      "serial column gather: 2- and 4-byte chunks packed into the 8-byte store at byte, not chunk, offsets"),
+    # ---- the scale half of each model op (csrc/ops.cpp)
+    M("wq_b-scale-not-permuted", "csrc/ops.cpp",
+      "apply_rows({{weight, 0}, {weight_scale, 0}}, entry);",
+      "apply_rows({{weight, 0}}, entry);",
+      ["tests/test_model.py", "tests/test_scale.py"],
+      "permute_wq_b_: the scale left out of the launch"),
+    M("wo_a-scale-plan-not-inverted", "csrc/ops.cpp",
+      "packed ? 1 : weight_scale.element_size(), inverse);",
+      "packed ? 1 : weight_scale.element_size(), false);",
+      ["tests/test_model.py", "tests/test_scale.py"],
+      "wo_a_in_place: the scale's plan ignores inverse"),
+    # ---- plan caches (csrc/bounded_cache.h, csrc/plan_cache.cpp, csrc/perm_cache.cpp)
+    M("cache-never-stores", "csrc/bounded_cache.h",
+      "    put(key, made);\n    return made;",
+      "    return made;",
+      ["tests/test_prepared.py"],
+      "BoundedCache::get makes a value every time and keeps none (model plans rebuilt per layer)"),
+    M("cache-evicts-newest", "csrc/bounded_cache.h",
+      "      index_.erase(order_.back().first);\n      order_.pop_back();",
+      "      index_.erase(order_.front().first);\n      order_.pop_front();",
+      ["tests/test_prepared.py"],
+      "BoundedCache::put evicts the entry it just stored, not the least recently used"),
+    M("plan-cache-key-ignores-inverse", "csrc/plan_cache.cpp",
+      "return row_cache().get({num_heads, head_dim, inverse}, [&] {",
+      "return row_cache().get({num_heads, head_dim, false}, [&] {",
+      ["tests/test_model.py"],
+      "the wq_b plan cache hands out the forward plan for the inverse"),
+    M("perm-cache-never-stores", "csrc/perm_cache.cpp",
+      "if (!found) by_values().put(key, made);",
+      "(void)found;",
+      ["tests/test_prepared.py"],
+      "prepared permutations never cached by value (a plan per call)"),
+    M("perm-cache-ignores-version", "csrc/perm_cache.cpp",
+      "static_cast<int64_t>(perm._version()) == version && ",
+      "",
+      ["tests/test_prepared.py::test_a_device_perm_is_found_by_the_tensor_and_its_version"],
+      "a device perm written in place is found by its address and reused with the old values",
+      needs_cuda=True),
+    # ---- argument checks (csrc/checks.cpp, csrc/plan.cpp)
+    M("check-pair-partial-overlap", "csrc/checks.cpp",
+      "status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial,",
+      "status != at::MemOverlapStatus::Full,",
+      ["tests/test_bad_input.py"],
+      "check_pair lets a weight and scale that partly share memory through"),
+    M("check-perm-length", "csrc/checks.cpp",
+      "TORCH_CHECK_VALUE(perm.numel() == extent, op,",
+      "TORCH_CHECK_VALUE(perm.numel() >= extent, op,",
+      ["tests/test_bad_input.py"],
+      "host_permutation: a perm longer than the dim accepted"),
+    M("check-perm-range", "csrc/plan.cpp",
+      "if (v < 0 || v >= n)",
+      "if (v < 0 || v > n)",
+      ["tests/test_bad_input.py"],
+      "check_permutation: index n accepted"),
+    # ---- the exact overlap check (csrc/overlap.cpp, branch overlap-exact)
+    M("overlap-edge-byte", "csrc/overlap.cpp",
+      "!add(a.element_size, b.element_size - 1, &bytes))",
+      "!add(a.element_size, b.element_size - 2, &bytes))",
+      ["tests/test_overlap.py", "tests/test_bad_input.py"],
+      "meet: elements that share only their edge byte seen apart",
+      optional=True),
+    # ---- threaded tile bodies (csrc/tile_bodies.h): only the harness runs them on a CPU
+    M("threaded-missing-barrier", "csrc/tile_bodies.h",
+      "      ctx.stage_wait();\n      ctx.sync();\n      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf,",
+      "      ctx.stage_wait();\n      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf,",
+      ["harness --quick"],
+      "row tile: stores from the buffer before the other threads' stages landed"),
+    M("threaded-thread-stride", "csrc/tile_bodies.h",
+      "const uint32_t stride = ctx.num_threads();",
+      "const uint32_t stride = ctx.num_threads() + 1;",
+      ["harness --quick"],
+      "store_items: threads stride one item too far (items skipped)"),
+    # ---- launch planning (csrc/launch.cpp), as the harness runs the CUDA executor's launches
+    M("launch-row-byte-tiles", "csrc/launch.cpp",
+      "p.byte_tiles = ceil_div(v.line_bytes, slice_bytes);",
+      "p.byte_tiles = v.line_bytes / slice_bytes;",
+      ["harness --model", "harness --quick"],
+      "row launches: a line's last, partial slice gets no tile"),
+    M("launch-col-tiles", "csrc/launch.cpp",
+      "p.tiles = ceil_div(v.rows, p.tile_rows) * p.row_tiles;",
+      "p.tiles = v.rows / p.tile_rows * p.row_tiles;",
+      ["harness --model", "harness --quick"],
+      "column launches: the last, partial tile of rows never runs"),
+    M("launch-vec-ignores-dst", "csrc/launch.cpp",
+      "p.vec = vector_width({reinterpret_cast<int64_t>(v.src), reinterpret_cast<int64_t>(v.dst),",
+      "p.vec = vector_width({reinterpret_cast<int64_t>(v.src),",
+      ["harness --quick"],
+      "column launches: the vector width ignores the destination's address (misaligned stores)"),
+]
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def tree_files(src):
+    """Tracked and untracked (not ignored) files of the tree at src."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=src, check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f and (src / f).is_file()]
+
+
+def sync_tree(src, dst):
+    """Copies src's files into dst, leaving identical files (and their
+    timestamps, so ninja rebuilds nothing) alone; removes none."""
+    dst.mkdir(parents=True, exist_ok=True)
+    changed = 0
+    for f in tree_files(src):
+        a, b = src / f, dst / f
+        if b.exists() and b.read_bytes() == a.read_bytes():
+            continue
+        b.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(a, b)
+        changed += 1
+    return changed
+
+
+class Builds:
+    """The copy's native module (setup.py, in place) and harness (CMake), and
+    snapshots of their object files and outputs to put back after a mutant."""
+
+    def __init__(self, tree, python):
+        self.tree, self.python = tree, python
+        self.harness_dir = tree / "build" / "harness"
+        self.snapshot_dir = tree / "build" / "mutants-snapshot"
+
+    def build_extension(self):
+        # --force: distutils would skip the build when only a header changed
+        # (its check knows the .cpp files alone); ninja still recompiles only
+        # what changed, and the link is seconds.
+        env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)))
+        return self._run([self.python, "setup.py", "-q", "build_ext", "--inplace", "--force"], env)
+
+    def build_harness(self):
+        if not (self.harness_dir / "build.ninja").exists():
+            cmake = [shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"]
+            ok, out = self._run(cmake + ["-S", str(self.tree), "-B", str(self.harness_dir), "-G", "Ninja",
+                                         "-DFLASHMLA_PERM_BUILD_EXTENSION=OFF", "-DCMAKE_BUILD_TYPE=RelWithDebInfo"])
+            if not ok:
+                return ok, out
+        cmake = shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"
+        return self._run([cmake, "--build", str(self.harness_dir), "--target", "tile_harness"])
+
+    def _run(self, cmd, env=None):
+        env = dict(env or os.environ)
+        env["PATH"] = str(Path(self.python).parent) + os.pathsep + env.get("PATH", "")  # the venv's ninja
+        p = subprocess.run(cmd, cwd=self.tree, env=env, capture_output=True, text=True)
+        return p.returncode == 0, p.stdout + p.stderr
+
+    def outputs(self):
+        """Build products whose content a mutant changes."""
+        found = []
+        for base in (self.tree / "build",):
+            for p in base.rglob("*"):
+                if self.snapshot_dir in p.parents or not p.is_file():
+                    continue
+                if p.suffix in (".o", ".so") or p.name == "tile_harness":
+                    found.append(p)
+        found += list((self.tree / "flashmla_perm").glob("_C*.so"))
+        return found
+
+    def snapshot(self):
+        shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+        for p in self.outputs():
+            q = self.snapshot_dir / p.relative_to(self.tree)
+            q.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, q)
+
+    def restore(self):
+        """Puts back every output that differs from the snapshot (content and
+        timestamp), so ninja sees the clean tree's objects as up to date."""
+        for q in self.snapshot_dir.rglob("*"):
+            if not q.is_file():
+                continue
+            p = self.tree / q.relative_to(self.snapshot_dir)
+            s, t = q.stat(), p.stat() if p.exists() else None
+            if t is None or (t.st_mtime_ns, t.st_size) != (s.st_mtime_ns, s.st_size):
+                shutil.copy2(q, p)
+
+
+def run_test(test, tree, python, timeout):
+    """(passed, seconds, tail of the output)."""
+    start = time.time()
+    if test.startswith("harness"):
+        cmd = [str(tree / "build" / "harness" / "tile_harness")] + test.split()[1:]
+    else:
+        cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *test.split()]
+    env = dict(os.environ, FLASHMLA_PERM_EXPECT_NATIVE="1",
+               FLASHMLA_PERM_FUZZ_EXAMPLES=os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES", "200"))
+    env.pop("FLASHMLA_PERM_FORCE_REFERENCE", None)
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        ok, out = p.returncode == 0, p.stdout + p.stderr
+        if p.returncode < 0:
+            out += f"\n(killed by signal {-p.returncode})"
+    except subprocess.TimeoutExpired as e:
+        ok, out = False, f"(timed out after {timeout}s)\n{e.stdout or ''}"
+    return ok, time.time() - start, "\n".join(out.strip().splitlines()[-15:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--source", default=str(ROOT), help="tree to copy (default: this one)")
+    ap.add_argument("--workdir", default="/tmp/flashmla_perm_mutants")
+    ap.add_argument("--python", default=sys.executable, help="python with torch (default: this one)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the clean run of the tests")
+    ap.add_argument("--all", action="store_true",
+                    help="run every listed test of a mutant, not only up to the first that kills it")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print each killing test's output")
+    args = ap.parse_args()
+
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        sys.exit(f"unknown mutants: {sorted(unknown)}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:32} {m.file:22} {', '.join(m.tests)}\n{'':32} {m.why}")
+        return 0
+
+    src, tree = Path(args.source).resolve(), Path(args.workdir).resolve() / "tree"
+    cuda = subprocess.run([args.python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                          capture_output=True).returncode == 0
+    t0 = time.time()
+    log(f"== copying {src} to {tree} ({sync_tree(src, tree)} files changed)")
+    builds = Builds(tree, args.python)
+    need_ext = any(not t.startswith("harness") for m in chosen for t in m.tests)
+    need_harness = any(t.startswith("harness") for m in chosen for t in m.tests)
+    for what, needed, build in (("native module", need_ext, builds.build_extension),
+                                ("harness", need_harness, builds.build_harness)):
+        if not needed:
+            continue
+        start = time.time()
+        ok, out = build()
+        if not ok:
+            log(out[-4000:])
+            sys.exit(f"== the clean tree's {what} did not build")
+        log(f"== clean {what} built in {time.time() - start:.0f}s")
+    builds.snapshot()
+    imported = subprocess.run([args.python, "-c", "import flashmla_perm, sys; print(flashmla_perm.__file__)"],
+                              cwd=tree, capture_output=True, text=True).stdout.strip()
+    if need_ext and not imported.startswith(str(tree)):
+        sys.exit(f"== the copy imports flashmla_perm from {imported!r}, not from {tree}")
+
+    # Each mutant's file and text, checked before anything runs.
+    plans = []
+    for m in chosen:
+        path = tree / m.file
+        count = path.read_text().count(m.old) if path.exists() else 0
+        if count != 1:
+            if m.optional:
+                plans.append((m, f"not applicable ({m.file} absent)" if not path.exists()
+                              else "not applicable (snippet not found)"))
+                continue
+            sys.exit(f"== mutant {m.name}: its text occurs {count} times in {m.file} (must be once)")
+        if m.needs_cuda and not cuda:
+            plans.append((m, "needs a GPU (not run)"))
+            continue
+        plans.append((m, None))
+
+    if not args.no_baseline:
+        tests = sorted({t for m, skip in plans if skip is None for t in m.tests})
+        for t in tests:
+            ok, secs, out = run_test(t, tree, args.python, args.timeout)
+            log(f"== baseline {t}: {'passed' if ok else 'FAILED'} ({secs:.0f}s)")
+            if not ok:
+                log(out)
+                sys.exit("== a listed test fails on the clean tree: fix that first")
+
+    rows, bad = [], 0
+    for m, skip in plans:
+        if skip:
+            rows.append((m.name, m.file, skip, 0.0))
+            log(f"-- {m.name}: {skip}")
+            continue
+        start = time.time()
+        path = tree / m.file
+        original, stat = path.read_text(), path.stat()
+        path.write_text(original.replace(m.old, m.new))
+        try:
+            status = None
+            wants_ext = any(not t.startswith("harness") for t in m.tests)
+            wants_harness = any(t.startswith("harness") for t in m.tests)
+            for what, needed, build in (("native module", wants_ext, builds.build_extension),
+                                        ("harness", wants_harness, builds.build_harness)):
+                if needed and status is None:
+                    ok, out = build()
+                    if not ok:
+                        status = f"BUILD FAILED ({what})"
+                        log(out[-3000:])
+            if status is None:
+                killers = []
+                for t in m.tests:
+                    ok, secs, out = run_test(t, tree, args.python, args.timeout)
+                    if not ok:
+                        killers.append(t)
+                        if args.verbose:
+                            log(out)
+                        if not args.all:
+                            break
+                status = f"killed by {', '.join(killers)}" if killers else "SURVIVED"
+        finally:
+            path.write_text(original)
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            builds.restore()
+        bad += not status.startswith("killed")
+        rows.append((m.name, m.file, status, time.time() - start))
+        log(f"-- {m.name}: {status} ({time.time() - start:.0f}s)")
+
+    print()
+    print(f"| mutant | file | result | seconds |\n| --- | --- | --- | --- |")
+    for name, file, status, secs in rows:
+        print(f"| {name} | {file} | {status} | {secs:.0f} |")
+    killed = sum(status.startswith("killed") for _, _, status, _ in rows)
+    print(f"\n{len(rows)} mutants: {killed} killed, {bad} not killed, {len(rows) - killed - bad} not run here"
+          f" ({time.time() - t0:.0f}s in all)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
