@@ -27,6 +27,7 @@ at::Tensor perm_on(const std::vector<int64_t>& perm, const at::Device& device) {
 }
 
 // Devices with no native kernels: the gather on the bit view.
+// The plans keep no copy of perm: these slow paths read it back from a plan.
 void aten_gather_(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& perm) {
   at::Tensor bits = bits_view(t);
   bits.copy_(bits.index_select(dim, perm_on(perm, t.device())));
@@ -121,11 +122,11 @@ void run_gpu(const Work& w, const at::Device& device) {
   arrays.insert(arrays.end(), col_arrays.begin(), col_arrays.end());
   for (size_t i = 0; i < w.rows.size(); ++i) {
     const RowPlan& plan = w.rows[i].entry->plan;
-    const int64_t* order = row_arrays[i].data_ptr<int64_t>();
+    const int32_t* index = row_arrays[i].data_ptr<int32_t>();
     const std::vector<UnitView>& views = w.rows[i].views;
     for (size_t k = 0; k < views.size(); k += kMaxJobs) {
       const int n = static_cast<int>(std::min<size_t>(kMaxJobs, views.size() - k));
-      groups.push_back(gpu_row_launches(views.data() + k, n, plan, order, order + plan.order.size(), dev));
+      groups.push_back(gpu_row_launches(views.data() + k, n, plan, index, dev));
     }
   }
   for (size_t k = 0; k < w.cols.size(); k += kMaxJobs) {
@@ -165,7 +166,7 @@ void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
   for (const auto& [t_in, dim] : targets) {
     if (t_in.numel() == 0) continue;
     if (!native_device(t_in.device())) {
-      aten_gather_(t_in, dim, *entry->plan.perm);
+      aten_gather_(t_in, dim, permutation_of(entry->plan));
       continue;
     }
     const at::Tensor t = engine_tensor(t_in, staged);
@@ -179,65 +180,103 @@ void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry) {
   copy_back(staged);
 }
 
+ColForms forms_of(const ColEntry& entry) {
+  // The row form lives in the entry: an aliasing pointer keeps the entry alive.
+  return {[entry] { return entry; }, [entry] { return RowEntry(entry, &entry->units()); }};
+}
+
+namespace {
+
+// Whether dim `dim` of t (stride 1 over elements) gathers within staged rows
+// on t's device; views: the rows, when it does.
+std::vector<ColView> gathered_rows(const at::Tensor& t, int64_t dim) {
+  const Dim d = dim_of(t, dim);
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  if (d.pitch != es || !col_map_fits(d.size, es)) return {};
+  std::vector<ColView> views = col_views_in_place(bytes_of(t), dims_except(t, dim), d.size * es, d.size * es, d.size * es);
+  const bool fits = t.is_cpu() ? cpu_cols_staged_fit(views.front()) : gpu_cols_staged_fit(views.front());
+  return fits ? views : std::vector<ColView>{};
+}
+
+// Devices with no native kernels: the ATen gather, the values read back from a plan.
+void aten_cols_(const ColTarget& c) {
+  if (c.packed_words) {
+    const ColEntry entry = c.plans.cols();
+    if (!entry->plan.identity) aten_packed_gather_(c.t, permutation_of(entry->plan));
+    return;
+  }
+  if (col_map_fits(c.t.size(c.dim), static_cast<int64_t>(c.t.element_size()))) {
+    const ColEntry entry = c.plans.cols();
+    if (!entry->plan.identity) aten_gather_(c.t, c.dim, permutation_of(entry->plan));
+  } else {
+    const RowEntry entry = c.plans.rows();
+    if (entry->plan.num_segments > 0) aten_gather_(c.t, c.dim, permutation_of(entry->plan));
+  }
+}
+
+}  // namespace
+
 void apply_cols(const std::vector<ColTarget>& work, const char* op) {
   Work w;
   std::vector<Staged> staged;
   at::Device device = at::kCPU;
   for (const ColTarget& c : work) {
-    const ColPlan& plan = c.entry->plan;
-    if (c.t.numel() == 0 || plan.identity) continue;
+    if (c.t.numel() == 0) continue;
     if (!native_device(c.t.device())) {
-      c.packed_words ? aten_packed_gather_(c.t, *plan.perm) : aten_gather_(c.t, c.dim, *plan.perm);
+      aten_cols_(c);
       continue;
     }
     const at::Tensor t = engine_tensor(c.t, staged);
     device = t.device();
-    std::vector<ColView> views;
     if (c.packed_words) {
       // A row is the 4 * W bytes of a row of words, words `pitch` apart.
       const Dim words = dim_of(t, -1);
       const int64_t row_bytes = 4 * words.size;
       const int64_t run = words.size == 1 || words.pitch == 4 ? row_bytes : 4;
-      views = col_views_in_place(bytes_of(t), dims_except(t, -1), row_bytes, run, words.pitch);
+      const std::vector<ColView> views =
+          col_views_in_place(bytes_of(t), dims_except(t, -1), row_bytes, run, words.pitch);
       // Bytes cross words, so a row is staged whole: it must fit a tile buffer.
       TORCH_CHECK_VALUE(!t.is_cuda() || gpu_cols_staged_fit(views.front()), op,
                         ": the packed scale's rows (", words.size, " int32 words, ", row_bytes,
                         " bytes) are too wide for the CUDA kernels' ", kGpuTileBudget,
                         "-byte tile buffer (with a row's padding); permute this scale on the CPU");
-      for (const ColView& v : views) w.cols.push_back({v, c.entry});
+      const ColEntry entry = c.plans.cols();
+      if (entry->plan.identity) continue;
+      for (const ColView& v : views) w.cols.push_back({v, entry});
       continue;
     }
-    const Dim d = dim_of(t, c.dim);
-    const int64_t row_bytes = d.size * static_cast<int64_t>(t.element_size());
-    if (d.pitch == static_cast<int64_t>(t.element_size()) && !plan.source_offset.empty())
-      views = col_views_in_place(bytes_of(t), dims_except(t, c.dim), row_bytes, row_bytes, row_bytes);
-    if (!views.empty() && (t.is_cpu() || gpu_cols_staged_fit(views.front()))) {
-      for (const ColView& v : views) w.cols.push_back({v, c.entry});
+    const std::vector<ColView> views = gathered_rows(t, c.dim);
+    if (!views.empty()) {
+      const ColEntry entry = c.plans.cols();
+      if (entry->plan.identity) continue;
+      for (const ColView& v : views) w.cols.push_back({v, entry});
     } else {
-      // Any other stride, rows over 2^31 bytes (no gather map), or rows too
-      // wide for a GPU tile buffer: the permutation's row form.
-      const RowPlanEntry& units = c.entry->units();
-      w.rows.push_back({&units, c.entry, units_of(t, c.dim, units.plan.unit_rows)});
+      // Any other stride, rows over 2^31 bytes, or rows too wide to stage
+      // (a CPU thread's buffer, a GPU tile buffer): the permutation's row form.
+      const RowEntry units = c.plans.rows();
+      if (units->plan.num_segments == 0) continue;
+      w.rows.push_back({units.get(), units, units_of(t, c.dim, units->plan.unit_rows)});
     }
   }
   run(w, device);
   copy_back(staged);
 }
 
-at::Tensor applied_cols(const at::Tensor& src_in, const ColEntry& entry) {
+at::Tensor applied_cols(const at::Tensor& src_in, const ColForms& plans) {
   const bool rows_ok = src_in.size(-1) <= 1 || src_in.stride(-1) == 1;
   const at::Tensor src = rows_ok ? src_in : src_in.contiguous();
   at::Tensor out = at::empty(src.sizes(), src.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
-  if (entry->plan.identity) return out.copy_(src);
-  if (!native_device(src.device())) {
-    bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(*entry->plan.perm, src.device())));
-    served(Path::kAten);
+  if (!col_map_fits(src.size(-1), static_cast<int64_t>(src.element_size()))) {
+    out.copy_(src);  // rows over 2^31 bytes: a copy, then the row form in place
+    apply_cols({{out, -1, plans}});
     return out;
   }
-  if (entry->plan.source_offset.empty()) {  // rows over 2^31 bytes: a copy, then in place
-    out.copy_(src);
-    apply_cols({{out, -1, entry}});
+  const ColEntry entry = plans.cols();
+  if (entry->plan.identity) return out.copy_(src);
+  if (!native_device(src.device())) {
+    bits_view(out).copy_(bits_view(src).index_select(-1, perm_on(permutation_of(entry->plan), src.device())));
+    served(Path::kAten);
     return out;
   }
   const int64_t row_bytes = src.size(-1) * static_cast<int64_t>(src.element_size());

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,22 +25,33 @@ struct RowTarget {
 };
 void apply_rows(const std::vector<RowTarget>& targets, const RowEntry& entry);
 
+// A column permutation's two forms, each built on first use, so that a call
+// builds only the one its layout needs: the gather map (an int32 per chunk
+// of a row, rows staged whole) or the cycle segments over blocks of columns
+// (rows too wide to stage, or a dim of stride > 1).
+struct ColForms {
+  std::function<ColEntry()> cols;
+  std::function<RowEntry()> rows;
+};
+// A model op's cached plan: its map, and its row form (ColPlanEntry::units).
+ColForms forms_of(const ColEntry& entry);
+
 // In place: dim `dim` of each tensor by its own column plan. Where the dim
-// has stride 1 its indices gather within rows (one launch on CUDA for rows
-// that fit a tile buffer); any other stride takes the plan's row form.
+// has stride 1 its indices gather within rows that fit a tile buffer (one
+// launch on CUDA); wider rows and any other stride take the row form.
 // packed_words: t is int32 words of four packed bytes and the plan permutes
 // the bytes of each row of the last dim (FlashMLA's packed ue8m0 scales).
 struct ColTarget {
   at::Tensor t;
   int64_t dim;
-  ColEntry entry;
+  ColForms plans;
   bool packed_words = false;
 };
 // `op` names the caller in errors.
 void apply_cols(const std::vector<ColTarget>& work, const char* op = "flashmla_perm");
 
 // Out of place: the last dim of src gathered into a new contiguous tensor.
-at::Tensor applied_cols(const at::Tensor& src, const ColEntry& entry);
+at::Tensor applied_cols(const at::Tensor& src, const ColForms& plans);
 
 // How many calls each path served (tests assert the native path really ran).
 enum class Path { kCpu = 0, kCuda = 1, kAten = 2 };

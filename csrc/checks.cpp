@@ -50,15 +50,6 @@ void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const 
                                          "permute .contiguous() copies)");
 }
 
-std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,
-                                      const at::Device& device, const char* op) {
-  check_perm_tensor(perm, extent, device, op);
-  const at::Tensor host = perm.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> values(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + extent);
-  check_perm_values(values, op);
-  return values;
-}
-
 void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device& device, const char* op) {
   check_defined(perm, op, "perm");
   TORCH_CHECK_TYPE(perm.scalar_type() == at::kLong || perm.scalar_type() == at::kInt, op,
@@ -70,9 +61,9 @@ void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device&
                     perm.device(), " but self is on ", device);
 }
 
-void check_perm_values(const std::vector<int64_t>& values, const char* op) {
+void check_perm_values(const int64_t* values, int64_t extent, const char* op) {
   try {
-    check_permutation(values.data(), static_cast<int64_t>(values.size()), std::string(op) + ": perm");
+    check_permutation(values, extent, std::string(op) + ": perm");
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }

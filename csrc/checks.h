@@ -4,8 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include <vector>
-
 namespace flashmla_perm {
 
 // A tensor the op writes in place: defined, not requiring grad, no element
@@ -17,13 +15,10 @@ void check_positive(int64_t value, const char* op, const char* name);
 // Same device, and no shared bytes (permuting one would corrupt the other).
 void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
                 const char* name_b);
-// `perm` as host int64 values after checking dtype, shape, device and that it
-// is a permutation of [0, extent).
-std::vector<int64_t> host_permutation(const at::Tensor& perm, int64_t extent,
-                                      const at::Device& device, const char* op);
-// host_permutation's two halves: what can be checked without reading perm's
-// values, and that the values are a permutation.
+// `perm` checked in two halves: what can be checked without reading its
+// values (dtype, shape, device), and that its values are a permutation of
+// [0, extent).
 void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device& device, const char* op);
-void check_perm_values(const std::vector<int64_t>& values, const char* op);
+void check_perm_values(const int64_t* values, int64_t extent, const char* op);
 
 }  // namespace flashmla_perm

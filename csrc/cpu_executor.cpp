@@ -64,7 +64,7 @@ void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch) {
     SerialCtx ctx;
     for (int64_t t = begin; t < end; ++t) save_segment_head<1>(ctx, p, t);
   });
-  at::parallel_for(0, p.tiles, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.tiles, cpu_grain(p.tiles, buffer_bytes), [&](int64_t begin, int64_t end) {
     SerialCtx ctx;
     Buffer buf(buffer_bytes);
     for (int64_t t = begin; t < end; ++t) row_segment_tile<1>(ctx, p, t, buf.data);
@@ -77,7 +77,7 @@ void run_cols_cpu(const ColView& view, const ColPlan& plan) {
   const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
   // Host loads and stores need no alignment: move whole chunks.
   with_chunk_bytes(p.vec, [&](auto v) {
-    at::parallel_for(0, p.tiles, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, p.tiles, cpu_grain(p.tiles, buffer_bytes), [&](int64_t begin, int64_t end) {
       SerialCtx ctx;
       Buffer buf(buffer_bytes);
       for (int64_t t = begin; t < end; ++t) col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data);

@@ -10,8 +10,8 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // CPU tiling. Row tiles: one thread walks the chain straight from unit to
 // unit and keeps only the first unit of a cycle in its buffer; slices cap
-// that buffer for wide rows.
-constexpr int64_t kCpuRowBudget = 512 * 1024;
+// that buffer for wide rows (four tiles in flight within kCpuStagingBudget).
+constexpr int64_t kCpuRowBudget = kCpuStagingBudget / 4;
 // Column tiles: the staged rows and the destination lines they are written
 // back to both stay in a 32 KiB L1. Measured on the wo_a TP1 weight (4 KiB
 // rows, 2 threads): 4 KiB tiles ran at 0.67x the time of a plain copy, 8 KiB
@@ -28,8 +28,7 @@ int64_t pitches_of(const Lines& at, int64_t count) {
 
 int64_t longest_segment(const RowPlan& plan) {
   int64_t longest = 0;
-  for (int64_t s = 0; s < plan.num_segments; ++s)
-    longest = std::max(longest, plan.segments[3 * s + 1]);
+  for (int64_t s = 0; s < plan.num_segments; ++s) longest = std::max(longest, plan.length(s));
   return longest;
 }
 
@@ -42,16 +41,19 @@ int64_t even_piece(int64_t count, int64_t most, int64_t align) {
   return std::min(count, round_up(ceil_div(count, ceil_div(count, most)), align));
 }
 
-RowJob row_job(const UnitView& v, const RowPlan& plan, const int64_t* order,
-               const int64_t* segments, int64_t slice_lines, int64_t slice_bytes, int64_t step) {
+// `index`: the plan's array where the job reads it (host or device).
+RowJob row_job(const UnitView& v, const RowPlan& plan, const int32_t* index, int64_t slice_lines,
+               int64_t slice_bytes, int64_t step) {
   RowJob p{};
   p.data = v.data;
   p.unit_stride = v.unit_stride;
   p.lines = v.lines;
   p.line_at = v.line_at;
   p.line_bytes = v.line_bytes;
-  p.order = order;
-  p.segments = segments;
+  p.order = index;
+  p.first = index + plan.moved;
+  p.tail = p.first + plan.num_segments + 1;
+  p.num_scratch = plan.num_scratch;
   p.scratch = nullptr;
   p.slice_lines = slice_lines;
   p.slice_bytes = slice_bytes;
@@ -142,8 +144,7 @@ int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_
 }
 
 std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
-                                     const int64_t* order, const int64_t* segments,
-                                     const DeviceSpec& dev) {
+                                     const int32_t* index, const DeviceSpec& dev) {
   if (plan.num_segments == 0 || n == 0) return {};
   const int64_t max_len = longest_segment(plan);
   Launch main;
@@ -170,11 +171,11 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     const int64_t step = fits(lines, bytes)
                              ? max_len
                              : std::max<int64_t>(1, kGpuTileBudget / (lines * bytes) - 1);
-    main.rows[j] = row_job(v, plan, order, segments, lines, bytes, step);
+    main.rows[j] = row_job(v, plan, index, lines, bytes, step);
     const int64_t smem = row_tile_buffer_bytes(lines, bytes, step, max_len);
     main.smem_bytes = std::max(main.smem_bytes, smem);
     main.scratch_bytes[j] = plan.num_scratch * v.lines * v.line_bytes;
-    main.bytes[j] = static_cast<int64_t>(plan.order.size()) * v.lines * v.line_bytes;
+    main.bytes[j] = plan.moved * v.lines * v.line_bytes;
     main.max_tile_bytes[j] = std::min(max_len, step + 1) * lines * bytes;
     main.inflight_bytes[j] = smem;
   }
@@ -268,10 +269,20 @@ RowJob cpu_row_job(const UnitView& v, const RowPlan& plan, int64_t* buffer_bytes
   // Only the tail unit is buffered (step 1), so the budget bounds one slice.
   const int64_t bytes = even_piece(v.line_bytes, std::max<int64_t>(16, kCpuRowBudget / v.lines), 16);
   const int64_t lines = even_piece(v.lines, std::max<int64_t>(1, kCpuRowBudget / bytes), 1);
-  RowJob p = row_job(v, plan, plan.order.data(), plan.segments.data(), lines, bytes, 1);
+  RowJob p = row_job(v, plan, plan.index.data(), lines, bytes, 1);
   p.vec = 1;
   *buffer_bytes = lines * bytes;
   return p;
+}
+
+int64_t cpu_grain(int64_t tiles, int64_t buffer_bytes) {
+  const int64_t at_once = std::max<int64_t>(1, kCpuStagingBudget / std::max<int64_t>(1, buffer_bytes));
+  return std::max<int64_t>(1, ceil_div(tiles, at_once));  // at most at_once chunks, one thread each
+}
+
+// A tile stages at least one row (plus one more for rows of short runs).
+bool cpu_cols_staged_fit(const ColView& v) {
+  return (v.run < v.row_bytes ? 2 : 1) * v.row_bytes <= kCpuStagingBudget;
 }
 
 ColJob cpu_col_job(const ColView& v, const ColPlan& plan, int64_t* buffer_bytes) {

@@ -121,11 +121,10 @@ struct Launch {
 void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch);
 
 // GPU: a row plan applied to up to kMaxJobs tensors in one launch (after a
-// save launch when the plan has scratch). `order` and `segments` are the
-// plan's arrays where the kernels read them.
+// save launch when the plan has scratch). `index` is the plan's array where
+// the kernels read it.
 std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
-                                     const int64_t* order, const int64_t* segments,
-                                     const DeviceSpec& dev);
+                                     const int32_t* index, const DeviceSpec& dev);
 // GPU: column gathers, up to kMaxJobs in one launch (staged and direct jobs
 // go in launches of their own: they are different kernels). Rows of an
 // in-place job must fit the tile buffer (gpu_cols_staged_fit); out of place,
@@ -137,7 +136,14 @@ bool gpu_cols_staged_fit(const ColView& view);
 // Resident CTAs per SM for a kernel's launch of `threads` and shared memory.
 int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_bytes);
 
-// CPU: one thread per tile, step 1 (DESIGN.md, "Order of the moves").
+// CPU: one thread per tile, step 1 (DESIGN.md, "Order of the moves"). The
+// tiles' buffers in flight at once stay within kCpuStagingBudget: a run
+// stages at most that much, however many threads the machine has.
+constexpr int64_t kCpuStagingBudget = 512 * 1024;
+// The grain for at::parallel_for over `tiles` tiles of `buffer_bytes` each.
+int64_t cpu_grain(int64_t tiles, int64_t buffer_bytes);
+// Whether an in-place gather's row fits a CPU tile buffer (else: the row form).
+bool cpu_cols_staged_fit(const ColView& view);
 RowJob cpu_row_job(const UnitView& view, const RowPlan& plan, int64_t* buffer_bytes);
 ColJob cpu_col_job(const ColView& view, const ColPlan& plan, int64_t* buffer_bytes);
 

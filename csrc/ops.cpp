@@ -56,6 +56,11 @@ std::string product_text(int64_t a, int64_t b) {
                                           : std::to_string(p);
 }
 
+// A caller's permutation's two forms for elements of `element_size` bytes.
+ColForms forms_of(const CallPerm& call, int64_t element_size) {
+  return {[call, element_size] { return call.cols(element_size); }, [call] { return call.rows(); }};
+}
+
 // self.copy_(self.index_select(dim, perm)) in place, any layout. A dim of
 // stride 1 gathers within rows (the column engine); any other stride
 // permutes sub-tensors (the row engine).
@@ -66,12 +71,12 @@ void permute_dim(const char* op, const at::Tensor& self, const at::Tensor& perm,
   TORCH_CHECK_VALUE(dim >= -n && dim < n, op, ": dim (", dim, ") is out of range for a ", n,
                     "-D self (expected ", -n, " to ", n - 1, ")");
   if (dim < 0) dim += n;
-  const auto prepared = prepared_permutation(perm, self.size(dim), self.device(), op);
+  const CallPerm call = prepared_permutation(perm, self.size(dim), self.device(), op);
   if (self.numel() == 0) return;
   if (self.stride(dim) == 1) {
-    apply_cols({{self, dim, prepared->cols(self.element_size())}});
+    apply_cols({{self, dim, forms_of(call, self.element_size())}});
   } else {
-    apply_rows({{self, dim}}, prepared->rows());
+    apply_rows({{self, dim}}, call.rows());
   }
 }
 
@@ -91,8 +96,8 @@ at::Tensor permute_cols(const at::Tensor& self, const at::Tensor& perm) {
   const char* op = "permute_cols";
   check_defined(self, op, "self");
   check_permutable(self, op);
-  const auto prepared = prepared_permutation(perm, self.size(-1), self.device(), op);
-  return applied_cols(self, prepared->cols(self.element_size()));
+  const CallPerm call = prepared_permutation(perm, self.size(-1), self.device(), op);
+  return applied_cols(self, forms_of(call, self.element_size()));
 }
 
 // wq_b's checks; returns head_dim.
@@ -149,7 +154,7 @@ void wo_a_in_place(const at::Tensor& weight, const at::Tensor& weight_scale, int
   // Packed: the plan moves the bytes of each row of words.
   const auto s = cached_col_plan(ColKind::kOChunk, heads_per_group, head_dim,
                                  packed ? 1 : weight_scale.element_size(), inverse);
-  apply_cols({{weight, -1, w}, {weight_scale, -1, s, packed}}, op);
+  apply_cols({{weight, -1, forms_of(w)}, {weight_scale, -1, forms_of(s), packed}}, op);
 }
 
 void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
@@ -168,7 +173,7 @@ at::Tensor permute_q(const at::Tensor& q, bool inverse) {
                     " must be a multiple of ", kQChunk);
   if (q.numel() == 0) return at::empty(q.sizes(), q.options());
   const auto entry = cached_col_plan(ColKind::kQ, heads, head_dim, q.element_size(), inverse);
-  return applied_cols(q.reshape({n, heads * head_dim}), entry).view({n, heads, head_dim});
+  return applied_cols(q.reshape({n, heads * head_dim}), forms_of(entry)).view({n, heads, head_dim});
 }
 
 // FlashMLA's drop-ins: its checks (csrc/api/fused_norm_rope_attn_rope_cast_fwd.cpp:

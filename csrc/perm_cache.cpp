@@ -9,17 +9,46 @@
 
 namespace flashmla_perm {
 
-std::shared_ptr<const RowPlanEntry> PreparedPerm::rows() const {
+const int64_t* PreparedPerm::values_or_plans(const int64_t* values, std::vector<int64_t>& into) const {
+  if (values) return values;
+  if (rows_) {
+    into = permutation_of(rows_->plan);
+  } else {
+    TORCH_INTERNAL_ASSERT(!cols_.empty(), "a prepared permutation with no plan needs its values");
+    into = permutation_of(cols_.begin()->second->plan);
+  }
+  return into.data();
+}
+
+std::shared_ptr<const RowPlanEntry> PreparedPerm::rows(const int64_t* values) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!rows_) rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_));
+  if (!rows_) {
+    std::vector<int64_t> read_back;
+    rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_));
+  }
   return rows_;
 }
 
-std::shared_ptr<const ColPlanEntry> PreparedPerm::cols(int64_t element_size) const {
+std::shared_ptr<const ColPlanEntry> PreparedPerm::cols(int64_t element_size, const int64_t* values) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& entry = cols_[element_size];
-  if (!entry) entry = std::make_shared<const ColPlanEntry>(make_col_plan(values_, element_size));
-  return entry;
+  auto found = cols_.find(element_size);
+  if (found != cols_.end()) return found->second;
+  std::vector<int64_t> read_back;
+  auto made = std::make_shared<const ColPlanEntry>(
+      make_col_plan(values_or_plans(values, read_back), size_, element_size));
+  cols_.emplace(element_size, made);
+  return made;
+}
+
+bool PreparedPerm::has_plans() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rows_ || !cols_.empty();
+}
+
+bool PreparedPerm::same_values(const int64_t* values, int64_t n) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rows_) return applies(rows_->plan, values, n);
+  return !cols_.empty() && applies(cols_.begin()->second->plan, values, n);
 }
 
 namespace {
@@ -62,39 +91,52 @@ BoundedCache<const c10::TensorImpl*, DeviceSeen>& by_device_tensor() {
 // is one already (no copy per call), else a converted copy.
 at::Tensor host_values(const at::Tensor& perm) { return perm.to(at::kCPU, at::kLong).contiguous(); }
 
+// A fresh prepared permutation keeps no values: it is cached once it has a
+// plan to compare with (prepared_permutation's caller builds one at once).
 std::shared_ptr<const PreparedPerm> prepared_by_values(const at::Tensor& host, const char* op) {
   const int64_t* p = host.data_ptr<int64_t>();
   const int64_t n = host.numel();
   const ValueKey key{hash_of(p, n), n};
   auto found = by_values().find(key);
   if (found && found->same_values(p, n)) return found;
-  std::vector<int64_t> values(p, p + n);
-  check_perm_values(values, op);
-  auto made = std::make_shared<const PreparedPerm>(std::move(values));
-  if (!found) by_values().put(key, made);  // (a hash collision is simply not cached)
+  check_perm_values(p, n, op);
+  auto made = std::make_shared<const PreparedPerm>(n);
+  if (!found || !found->has_plans()) by_values().put(key, made);  // (a hash collision is simply not cached)
   return made;
 }
 
 }  // namespace
 
-std::shared_ptr<const PreparedPerm> prepared_permutation(const at::Tensor& perm, int64_t extent,
-                                                         const at::Device& device, const char* op) {
+const int64_t* CallPerm::values() const {
+  if (!host_.defined()) {
+    if (prepared_->has_plans()) return nullptr;  // no device-to-host copy
+    host_ = host_values(perm_);
+  }
+  return host_.data_ptr<int64_t>();
+}
+
+CallPerm prepared_permutation(const at::Tensor& perm, int64_t extent, const at::Device& device,
+                              const char* op) {
   check_perm_tensor(perm, extent, device, op);
-  if (perm.device().is_cpu()) return prepared_by_values(host_values(perm), op);
+  if (perm.device().is_cpu()) {
+    at::Tensor host = host_values(perm);
+    return CallPerm(prepared_by_values(host, op), perm, host);
+  }
   // Inference tensors have no version counter: nothing proves them unchanged.
   const bool trackable = !perm.is_inference();
   if (trackable) {
     const auto seen = by_device_tensor().find(perm.unsafeGetTensorImpl());
-    if (seen && seen->matches(perm)) return seen->prepared;
+    if (seen && seen->matches(perm)) return CallPerm(seen->prepared, perm, at::Tensor());
   }
-  auto prepared = prepared_by_values(host_values(perm), op);  // a blocking copy, once
+  at::Tensor host = host_values(perm);  // a blocking copy, once
+  auto prepared = prepared_by_values(host, op);
   if (trackable) {
     by_device_tensor().put(perm.unsafeGetTensorImpl(),
                            std::make_shared<const DeviceSeen>(DeviceSeen{
                                c10::weak_intrusive_ptr<c10::TensorImpl>(perm.getIntrusivePtr()),
                                static_cast<int64_t>(perm._version()), perm.data_ptr(), prepared}));
   }
-  return prepared;
+  return CallPerm(std::move(prepared), perm, host);
 }
 
 int64_t prepared_count() { return by_values().size() + by_device_tensor().size(); }

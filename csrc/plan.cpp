@@ -32,92 +32,180 @@ int64_t block_size(const int64_t* perm, int64_t n) {
   return g < 1 ? 1 : g;
 }
 
-RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment) {
-  return make_row_plan(std::make_shared<const std::vector<int64_t>>(std::move(perm)), max_segment);
+namespace {
+
+// Calls f(first unit, length) for each cycle of the unit permutation (fixed
+// points left out), in order of first unit: destination c[k] <- source c[k+1].
+template <class F>
+void for_each_cycle(const int64_t* perm, int64_t unit, int64_t units, std::vector<bool>& done, F&& f) {
+  done.assign(static_cast<size_t>(units), false);
+  for (int64_t start = 0; start < units; ++start) {
+    if (done[start]) continue;
+    int64_t len = 0;
+    int64_t u = start;
+    do {
+      done[u] = true;
+      ++len;
+      u = perm[u * unit] / unit;
+    } while (u != start);
+    if (len > 1) f(start, len);
+  }
 }
 
-RowPlan make_row_plan(SharedPerm shared, int64_t max_segment) {
+int64_t segments_of(int64_t len, int64_t max_segment) {
+  return len <= max_segment ? 1 : (len + max_segment - 1) / max_segment;
+}
+
+}  // namespace
+
+RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment) {
+  return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment);
+}
+
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment) {
   RowPlan plan;
-  const std::vector<int64_t>& perm = *shared;
-  const int64_t n = static_cast<int64_t>(perm.size());
-  int64_t g = block_size(perm.data(), n);
+  plan.size = n;
+  const int64_t g = block_size(perm, n);
   int64_t unit = 1;
   for (int64_t d = kMaxUnitRows; d >= 1; --d)
     if (g % d == 0) { unit = d; break; }
   plan.unit_rows = unit;
-
-  // Walk the cycles of the unit permutation: destination c[k] <- source c[k+1].
   const int64_t units = n / unit;
-  std::vector<bool> done(static_cast<size_t>(units), false);
-  std::vector<int64_t> multi, single;  // segment triples, split by whether they need scratch
-  std::vector<int64_t> multi_cycle_first;  // index in `multi` (in segments) of each cycle's first
-  for (int64_t start = 0; start < units; ++start) {
-    if (done[start]) continue;
-    const int64_t first_pos = static_cast<int64_t>(plan.order.size());
-    int64_t u = start;
-    do {
-      done[u] = true;
-      plan.order.push_back(u);
-      u = perm[u * unit] / unit;
-    } while (u != start);
-    const int64_t len = static_cast<int64_t>(plan.order.size()) - first_pos;
-    if (len == 1) {  // fixed point: nothing moves
-      plan.order.pop_back();
-      continue;
-    }
+  if (units > INT32_MAX)
+    throw std::invalid_argument("a permuted dim of " + std::to_string(n) + " indices moves " +
+                                std::to_string(units) + " units; the row engine takes at most 2^31 - 1");
+
+  // Two walks over the cycles: the first sizes the array exactly (it is the
+  // plan's only per-index memory: no vector growth, no second copy), the
+  // second fills it. Cycles cut into segments go first: their segments own
+  // the scratch slots [0, num_scratch).
+  std::vector<bool> done;
+  int64_t cut_moved = 0;
+  for_each_cycle(perm, unit, units, done, [&](int64_t, int64_t len) {
+    plan.moved += len;
+    plan.num_segments += segments_of(len, max_segment);
+    if (len <= max_segment) return;
+    cut_moved += len;
+    plan.num_scratch += segments_of(len, max_segment);
+  });
+  plan.index.assign(static_cast<size_t>(plan.moved + plan.num_segments + 1 + plan.num_scratch), 0);
+  int32_t* order = plan.index.data();
+  int32_t* first = order + plan.moved;
+  int32_t* tail = first + plan.num_segments + 1;
+  int64_t cut_pos = 0, whole_pos = cut_moved, cut_slot = 0, whole_slot = plan.num_scratch;
+  for_each_cycle(perm, unit, units, done, [&](int64_t start, int64_t len) {
+    int64_t& pos = len <= max_segment ? whole_pos : cut_pos;
+    const int64_t at = pos;
+    for (int64_t k = 0, u = start; k < len; ++k, u = perm[u * unit] / unit) order[pos++] = static_cast<int32_t>(u);
     if (len <= max_segment) {
-      single.insert(single.end(), {first_pos, len, -1});
-      continue;
+      first[whole_slot++] = static_cast<int32_t>(at);
+      return;
     }
     // Cut into equal segments; each reads its last source from the slot of
     // the next segment (the cycle's first segment, for the last one).
-    const int64_t nseg = (len + max_segment - 1) / max_segment;
-    const int64_t first_slot = static_cast<int64_t>(multi.size()) / 3;
-    int64_t pos = first_pos;
+    const int64_t nseg = segments_of(len, max_segment);
+    const int64_t first_slot = cut_slot;
+    int64_t seg_at = at;
     for (int64_t s = 0; s < nseg; ++s) {
       const int64_t seg_len = len / nseg + (s < len % nseg ? 1 : 0);
-      const int64_t next_slot = first_slot + (s + 1) % nseg;
-      multi.insert(multi.end(), {pos, seg_len, next_slot});
-      pos += seg_len;
+      first[cut_slot] = static_cast<int32_t>(seg_at);
+      tail[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);
+      seg_at += seg_len;
     }
-  }
-  plan.num_scratch = static_cast<int64_t>(multi.size()) / 3;
-  plan.segments = std::move(multi);
-  plan.segments.insert(plan.segments.end(), single.begin(), single.end());
-  plan.num_segments = static_cast<int64_t>(plan.segments.size()) / 3;
-  plan.perm = std::move(shared);
+  });
+  first[plan.num_segments] = static_cast<int32_t>(plan.moved);
   return plan;
 }
 
-ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size) {
-  return make_col_plan(std::make_shared<const std::vector<int64_t>>(std::move(perm)), element_size);
+bool col_map_fits(int64_t n, int64_t element_size) { return n * element_size <= INT32_MAX; }
+
+ColPlan make_col_plan(const std::vector<int64_t>& perm, int64_t element_size) {
+  return make_col_plan(perm.data(), static_cast<int64_t>(perm.size()), element_size);
 }
 
-ColPlan make_col_plan(SharedPerm shared, int64_t element_size) {
+ColPlan make_col_plan(const int64_t* p, int64_t n, int64_t element_size) {
+  if (!col_map_fits(n, element_size))
+    throw std::invalid_argument("a row of " + std::to_string(n) + " elements of " + std::to_string(element_size) +
+                                " bytes is over 2^31 bytes: no gather map (use the row plan)");
   ColPlan plan;
-  const std::vector<int64_t>& perm = *shared;
-  const int64_t n = static_cast<int64_t>(perm.size());
+  plan.size = n;
+  plan.element_size = element_size;
   plan.identity = true;
-  for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;
+  for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = p[i] == i;
   // Chunk: the largest power of two <= kMaxChunk bytes dividing every run of
   // the permutation, so that each destination chunk has one contiguous source.
-  const int64_t run_bytes = block_size(perm.data(), n) * element_size;
+  const int64_t run_bytes = block_size(p, n) * element_size;
   int shift = 0;
   while ((int64_t{2} << shift) <= kMaxChunk && run_bytes % (int64_t{2} << shift) == 0) ++shift;
   plan.chunk_shift = shift;
   const int64_t chunk = int64_t{1} << shift;
   const int64_t row_bytes = n * element_size;
-  plan.perm = shared;
-  if (row_bytes > INT32_MAX) return plan;  // no gather map: such rows take the ATen path
   plan.source_offset.resize(static_cast<size_t>(row_bytes / chunk));
-  const std::vector<int64_t>& p = perm;
   for (int64_t b = 0; b < row_bytes; b += chunk) {
     const int64_t e = b / element_size;
-    plan.source_offset[b / chunk] =
-        static_cast<int32_t>(p[e] * element_size + (b - e * element_size));
+    plan.source_offset[b / chunk] = static_cast<int32_t>(p[e] * element_size + (b - e * element_size));
   }
   return plan;
 }
+
+namespace {
+
+// Calls f(index, value) for every index of the permutation a plan applies.
+template <class F>
+void each_value(const RowPlan& plan, F&& f) {
+  const int64_t unit = plan.unit_rows;
+  const int32_t* order = plan.order();
+  const int32_t* first = plan.first();
+  // Fixed points first: indices outside every cycle map to themselves.
+  std::vector<bool> moved(static_cast<size_t>(plan.size / unit), false);
+  for (int64_t k = 0; k < plan.moved; ++k) moved[order[k]] = true;
+  for (int64_t u = 0; u < plan.size / unit; ++u)
+    if (!moved[u])
+      for (int64_t r = 0; r < unit; ++r) f(u * unit + r, u * unit + r);
+  // Destination order[k] <- source order[k + 1] inside a segment; its last
+  // <- its own first (a whole cycle) or the next segment's first.
+  for (int64_t s = 0; s < plan.num_segments; ++s) {
+    const int32_t* pos = order + first[s];
+    const int64_t len = plan.length(s);
+    const int64_t last_src = s < plan.num_scratch ? order[first[plan.tail()[s]]] : pos[0];
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t src = k + 1 < len ? pos[k + 1] : last_src;
+      for (int64_t r = 0; r < unit; ++r) f(pos[k] * unit + r, src * unit + r);
+    }
+  }
+}
+
+template <class F>
+void each_value(const ColPlan& plan, F&& f) {
+  const int64_t es = plan.element_size;
+  const int64_t mask = (int64_t{1} << plan.chunk_shift) - 1;
+  for (int64_t e = 0; e < plan.size; ++e) {
+    const int64_t b = e * es;  // an element's first byte: its chunk's source, plus its place in the chunk
+    f(e, (plan.source_offset[b >> plan.chunk_shift] + (b & mask)) / es);
+  }
+}
+
+template <class Plan>
+std::vector<int64_t> values_of(const Plan& plan) {
+  std::vector<int64_t> perm(static_cast<size_t>(plan.size));
+  each_value(plan, [&](int64_t i, int64_t v) { perm[i] = v; });
+  return perm;
+}
+
+template <class Plan>
+bool same_values(const Plan& plan, const int64_t* perm, int64_t n) {
+  if (n != plan.size) return false;
+  bool same = true;
+  each_value(plan, [&](int64_t i, int64_t v) { same = same && perm[i] == v; });
+  return same;
+}
+
+}  // namespace
+
+std::vector<int64_t> permutation_of(const RowPlan& plan) { return values_of(plan); }
+std::vector<int64_t> permutation_of(const ColPlan& plan) { return values_of(plan); }
+bool applies(const RowPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
+bool applies(const ColPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
 
 std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim) {
   // fused[(d / 16) * (H * 16) + h * 16 + d % 16] = standard[h * D + d]

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,32 +26,52 @@ void check_permutation(const int64_t* perm, int64_t n, const std::string& what);
 // aligned blocks of g consecutive indices.
 int64_t block_size(const int64_t* perm, int64_t n);
 
-// A permutation's values, shared by its plans and the caller that prepared it
-// (one copy, however many plans).
-using SharedPerm = std::shared_ptr<const std::vector<int64_t>>;
-
 // fused = standard[perm] along dim 0, as cycles of units cut into segments.
+// One int32 array holds it all: the moved units in cycle order (cycles cut
+// into segments first, whole cycles after), each segment's first position
+// (and one past the last: a segment ends where the next begins), and each
+// cut segment's tail slot. It is the plan's only per-index memory (4 bytes
+// per moved unit), and its device copy is that array as is. A plan keeps no
+// copy of `perm`: permutation_of rebuilds it where needed.
 struct RowPlan {
+  int64_t size = 0;        // indices of the permuted dim
   int64_t unit_rows = 1;
-  std::vector<int64_t> order;     // moved units, cycle after cycle
-  std::vector<int64_t> segments;  // 3 per segment: first position, length, tail slot
+  int64_t moved = 0;       // units in cycles
   int64_t num_segments = 0;
-  int64_t num_scratch = 0;        // segments [0, num_scratch) own scratch slot == index
-  SharedPerm perm;                // the permutation itself (for the ATen path)
+  int64_t num_scratch = 0;  // segments [0, num_scratch) are cut from longer cycles; slot == index
+  std::vector<int32_t> index;  // order (moved), first (num_segments + 1), tail (num_scratch)
+  const int32_t* order() const { return index.data(); }
+  const int32_t* first() const { return order() + moved; }
+  const int32_t* tail() const { return first() + num_segments + 1; }
+  int64_t length(int64_t s) const { return first()[s + 1] - first()[s]; }
 };
-RowPlan make_row_plan(SharedPerm perm, int64_t max_segment = kMaxSegment);
-RowPlan make_row_plan(std::vector<int64_t> perm, int64_t max_segment = kMaxSegment);
+// Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1).
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment);
+RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment);
 
 // fused = standard[..., perm] along the last dim, for elements of
-// `element_size` bytes, as a byte gather map per destination chunk.
+// `element_size` bytes, as a byte gather map per destination chunk (at most
+// one int32 per index: a chunk is never narrower than an element).
 struct ColPlan {
+  int64_t size = 0;
+  int64_t element_size = 1;
   int chunk_shift = 0;                 // chunk bytes = 1 << chunk_shift (<= kMaxChunk)
-  std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries; empty for rows over 2^31 bytes
+  std::vector<int32_t> source_offset;  // row_bytes >> chunk_shift entries
   bool identity = false;
-  SharedPerm perm;
 };
-ColPlan make_col_plan(SharedPerm perm, int64_t element_size);
-ColPlan make_col_plan(std::vector<int64_t> perm, int64_t element_size);
+// Whether a row of n elements has a gather map (its byte offsets fit int32);
+// make_col_plan throws std::invalid_argument where it does not.
+bool col_map_fits(int64_t n, int64_t element_size);
+ColPlan make_col_plan(const int64_t* perm, int64_t n, int64_t element_size);
+ColPlan make_col_plan(const std::vector<int64_t>& perm, int64_t element_size);
+
+// The permutation a plan applies (for the ATen gather, and for building the
+// other form of a permutation whose caller's values are out of reach).
+std::vector<int64_t> permutation_of(const RowPlan& plan);
+std::vector<int64_t> permutation_of(const ColPlan& plan);
+// Whether perm[0..n) is the permutation the plan applies (no copy made).
+bool applies(const RowPlan& plan, const int64_t* perm, int64_t n);
+bool applies(const ColPlan& plan, const int64_t* perm, int64_t n);
 
 // The model's permutations (DESIGN.md, "The layouts"); fused = standard[perm].
 std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim);

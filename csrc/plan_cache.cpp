@@ -26,16 +26,6 @@ bool DeviceCopies::has(const at::Device& device) const {
 
 namespace {
 
-template <class T>
-at::Tensor host_array(std::initializer_list<const std::vector<T>*> parts, at::ScalarType dtype) {
-  int64_t n = 0;
-  for (const auto* p : parts) n += static_cast<int64_t>(p->size());
-  at::Tensor t = at::empty({n}, dtype);
-  T* out = static_cast<T*>(t.data_ptr());
-  for (const auto* p : parts) out = std::copy(p->begin(), p->end(), out);
-  return t;
-}
-
 using RowKey = std::tuple<int64_t, int64_t, bool>;
 using ColKey = std::tuple<int, int64_t, int64_t, int64_t, bool>;
 // Never destroyed: device copies must not be freed after CUDA shuts down at exit.
@@ -56,24 +46,24 @@ std::vector<int64_t> maybe_inverse(std::vector<int64_t> perm, bool inverse) {
 
 }  // namespace
 
-RowPlanEntry::RowPlanEntry(RowPlan p)
-    : plan(std::move(p)), arrays(host_array<int64_t>({&plan.order, &plan.segments}, at::kLong)) {
-  built.fetch_add(1, std::memory_order_relaxed);
-}
-
-// The gather map as a tensor over the plan's own memory (no second host copy;
-// the entry owns both, and the plan never changes).
+// A plan's array as a tensor over the plan's own memory (no second host
+// copy; the entry owns both, and the plan never changes).
 static at::Tensor aliased(const std::vector<int32_t>& v) {
   if (v.empty()) return at::empty({0}, at::kInt);
   return at::from_blob(const_cast<int32_t*>(v.data()), {static_cast<int64_t>(v.size())}, at::kInt);
+}
+
+RowPlanEntry::RowPlanEntry(RowPlan p) : plan(std::move(p)), arrays(aliased(plan.index)) {
+  built.fetch_add(1, std::memory_order_relaxed);
 }
 
 ColPlanEntry::ColPlanEntry(ColPlan p) : plan(std::move(p)), arrays(aliased(plan.source_offset)) {
   built.fetch_add(1, std::memory_order_relaxed);
 }
 
-const RowPlanEntry& ColPlanEntry::units() const {  // shares plan.perm
-  std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(plan.perm)); });
+const RowPlanEntry& ColPlanEntry::units() const {
+  // The model ops' permutations are short: rebuilding the values costs little.
+  std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(permutation_of(plan))); });
   return *units_;
 }
 

@@ -33,7 +33,7 @@ class DeviceCopies {
 struct RowPlanEntry {
   explicit RowPlanEntry(RowPlan p);
   RowPlan plan;
-  DeviceCopies arrays;  // order, then segments (int64)
+  DeviceCopies arrays;  // plan.index: order, then segments (int32)
 };
 
 struct ColPlanEntry {

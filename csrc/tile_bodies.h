@@ -227,8 +227,10 @@ struct RowJob {
   int64_t lines;          // lines per unit
   Lines line_at;          // where line l of a unit starts, from the unit's start
   int64_t line_bytes;     // contiguous bytes of one line
-  const int64_t* order;   // units in cycle order, cycle after cycle
-  const int64_t* segments;  // per segment: first position, length, tail slot (-1: own first unit)
+  const int32_t* order;   // units in cycle order, cycle after cycle
+  const int32_t* first;   // per segment: first position (and one past the last segment's end)
+  const int32_t* tail;    // per cut segment (< num_scratch): the slot its last destination reads
+  int64_t num_scratch;    // segments cut from longer cycles; later ones are whole cycles
   uint8_t* scratch;       // slot s: lines x line_bytes, packed
   int64_t slice_lines;    // lines of one tile
   int64_t slice_bytes;    // bytes of each line of one tile
@@ -268,7 +270,7 @@ struct RowTileGeometry {
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t tile) {
   const RowTileGeometry g(p, tile);
-  const uint8_t* src = p.data + p.order[p.segments[3 * g.seg]] * p.unit_stride + g.col;
+  const uint8_t* src = p.data + int64_t{p.order[p.first[g.seg]]} * p.unit_stride + g.col;
   uint8_t* dst = p.scratch + g.seg * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
   if constexpr (Ctx::kSerial) {
     // Scratch lines are line_bytes apart: copy_lines_serial's packed side
@@ -290,9 +292,9 @@ FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t til
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile, uint8_t* buf) {
   const RowTileGeometry g(p, tile);
-  const int64_t* pos = p.order + p.segments[3 * g.seg];
-  const int64_t len = p.segments[3 * g.seg + 1];
-  const int64_t tail = p.segments[3 * g.seg + 2];
+  const int32_t* pos = p.order + p.first[g.seg];
+  const int64_t len = p.first[g.seg + 1] - p.first[g.seg];
+  const int64_t tail = g.seg < p.num_scratch ? p.tail[g.seg] : -1;  // -1: its own first unit
   const int64_t width = g.width;
   uint8_t* const base = p.data + g.col;
   auto unit = [&](int64_t u) { return base + u * p.unit_stride; };

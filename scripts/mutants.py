@@ -48,14 +48,14 @@ class Mutant:
 M = Mutant
 MUTANTS = [
     # ---- plan construction (csrc/plan.cpp)
-    M("plan-short-cycle-length", "csrc/plan.cpp",
-      "single.insert(single.end(), {first_pos, len, -1});",
-      "single.insert(single.end(), {first_pos, len - 1, -1});",
+    M("plan-last-segment-short", "csrc/plan.cpp",
+      "first[plan.num_segments] = static_cast<int32_t>(plan.moved);",
+      "first[plan.num_segments] = static_cast<int32_t>(plan.moved - 1);",
       ["tests/test_ops.py", "harness --quick"],
-      "make_row_plan: a whole cycle's segment one unit short (its last unit never written)"),
+      "make_row_plan: the last segment one unit short (its last unit never written)"),
     M("plan-col-identity-half", "csrc/plan.cpp",
-      "for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = perm[i] == i;",
-      "for (int64_t i = 0; i < n / 2 && plan.identity; ++i) plan.identity = perm[i] == i;",
+      "for (int64_t i = 0; i < n && plan.identity; ++i) plan.identity = p[i] == i;",
+      "for (int64_t i = 0; i < n / 2 && plan.identity; ++i) plan.identity = p[i] == i;",
       ["tests/test_ops.py::test_a_swap_at_either_end_still_moves", "tests/test_ops.py"],
       "make_col_plan: the identity decided on the first half (a permutation of the second half skipped)"),
     # ---- cycle segments and scratch slots (csrc/plan.cpp)
@@ -65,8 +65,8 @@ MUTANTS = [
       ["tests/test_row_segments.py", "harness --quick"],
       "segments of a long cycle no longer cover it when nseg does not divide its length"),
     M("plan-scratch-slot", "csrc/plan.cpp",
-      "const int64_t next_slot = first_slot + (s + 1) % nseg;",
-      "const int64_t next_slot = first_slot + s;",
+      "tail[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);",
+      "tail[cut_slot++] = static_cast<int32_t>(first_slot + s);",
       ["tests/test_row_segments.py", "harness --quick"],
       "a segment's tail read from its own scratch slot instead of the next segment's"),
     # ---- the line slice's offset in scratch (csrc/tile_bodies.h), both forms
@@ -119,7 +119,7 @@ MUTANTS = [
       ["tests/test_model.py"],
       "the wq_b plan cache hands out the forward plan for the inverse"),
     M("perm-cache-never-stores", "csrc/perm_cache.cpp",
-      "if (!found) by_values().put(key, made);",
+      "if (!found || !found->has_plans()) by_values().put(key, made);",
       "(void)found;",
       ["tests/test_prepared.py"],
       "prepared permutations never cached by value (a plan per call)"),
@@ -129,6 +129,12 @@ MUTANTS = [
       ["tests/test_prepared.py::test_a_device_perm_is_found_by_the_tensor_and_its_version"],
       "a device perm written in place is found by its address and reused with the old values",
       needs_cuda=True),
+    # ---- extra memory (csrc/launch.cpp): README's bound
+    M("cpu-staging-unbounded", "csrc/launch.cpp",
+      "return (v.run < v.row_bytes ? 2 : 1) * v.row_bytes <= kCpuStagingBudget;",
+      "return true;",
+      ["tests/test_extra_memory.py"],
+      "cpu_cols_staged_fit: rows of any width staged whole, a buffer per thread (4 MiB rows: over the bound)"),
     # ---- argument checks (csrc/checks.cpp, csrc/plan.cpp)
     M("check-pair-gives-up-on-views", "csrc/checks.cpp",
       "if (a.is_meta() || b.is_meta() || a.numel() == 0 || b.numel() == 0) return;",
@@ -139,7 +145,7 @@ MUTANTS = [
       "TORCH_CHECK_VALUE(perm.numel() == extent, op,",
       "TORCH_CHECK_VALUE(perm.numel() >= extent, op,",
       ["tests/test_bad_input.py"],
-      "host_permutation: a perm longer than the dim accepted"),
+      "check_perm_tensor: a perm longer than the dim accepted"),
     M("check-perm-range", "csrc/plan.cpp",
       "if (v < 0 || v >= n)",
       "if (v < 0 || v > n)",

@@ -157,6 +157,23 @@ def test_long_cycles_cut_into_segments(device, length, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["random", "one cycle"])
+def test_rows_too_wide_to_stage_take_the_row_form(device, dtype, kind, gen):
+    """A stride-1 dim whose rows are over a CPU thread's staging budget
+    (512 KiB) or a GPU tile buffer: permuted as cycles of columns, never
+    staged whole (README, "Extra memory")."""
+    n = (600 << 10) // torch.tensor([], dtype=dtype).element_size()
+    x = random_tensor((3, n), dtype, device, gen)
+    perm = torch.randperm(n, generator=gen) if kind == "random" else one_cycle(n, gen)
+    expected = x.clone()
+    ref.permute_cols_(expected, perm)
+    with expect_path(device):
+        ops.permute_(x, perm, 1)
+    assert_same_bytes(x, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_zero_size_is_a_no_op(device):
     x = torch.empty((0, 16), dtype=torch.uint8, device=device)
     ops.permute_rows_(x, torch.empty(0, dtype=torch.long))

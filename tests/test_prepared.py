@@ -169,6 +169,29 @@ def test_a_device_perm_is_found_by_the_tensor_and_its_version(gen):
 
 
 @native_only
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_permutation_in_both_forms(device, gen):
+    """A prepared permutation keeps no copy of its values: its second form
+    is built from the caller's values (a CPU perm) or from its first plan (a
+    device perm found by the tensor: no device-to-host copy), and a fresh
+    perm with the same values is recognised through either plan."""
+    _ops._C.clear_plan_caches()
+    perm = random_perm(96, gen).to(device)
+    for dim in (0, 1, 0, 1):  # rows form, then the gather map, then both found
+        t = random_tensor((96, 96), torch.uint8, device, gen)
+        expected = gathered(t, perm.cpu(), dim)
+        fp.permute_(t, perm, dim)
+        assert_same_bytes(t, expected)
+    built = stats()["built"]
+    for dim in (1, 0):
+        t = random_tensor((96, 96), torch.uint8, device, gen)
+        expected = gathered(t, perm.cpu(), dim)
+        fp.permute_(t, perm.cpu().clone(), dim)
+        assert_same_bytes(t, expected)
+    assert stats()["built"] == built
+
+
+@native_only
 def test_model_ops_build_their_plans_once(gen):
     """A second layer of the same kind builds nothing (counted, not inferred
     from the cache's size)."""

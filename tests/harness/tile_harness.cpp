@@ -331,7 +331,7 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
   const fp::RowPlan plan = fp::make_row_plan(perm);
   const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
   std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(&view, 1, plan, plan.order.data(), plan.segments.data(), small_device());
+      fp::gpu_row_launches(&view, 1, plan, plan.index.data(), small_device());
   for (auto& l : launches) {
     l.threads = threads;
     shrink(l, slice_lines > 0 ? slice_lines : plan.unit_rows, slice_bytes, step);
@@ -370,7 +370,7 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
     units = fp::make_row_plan(perm);
     const fp::UnitView uv = fp::unit_views(dst.data(), {static_cast<int64_t>(perm.size()), esize},
                                            units.unit_rows, {{rows, src.row_stride}}, esize).front();
-    launches = fp::gpu_row_launches(&uv, 1, units, units.order.data(), units.segments.data(),
+    launches = fp::gpu_row_launches(&uv, 1, units, units.index.data(),
                                     small_device());
   } else {
     const fp::ColPlan* plans[] = {&plan};
@@ -467,7 +467,7 @@ std::vector<uint8_t> gathered(const Strided& t, int d, const std::vector<int64_t
 void run_row_views(const std::vector<fp::UnitView>& views, const fp::RowPlan& plan, int threads) {
   for (size_t k = 0; k < views.size(); k += fp::kMaxJobs) {
     const int n = static_cast<int>(std::min<size_t>(fp::kMaxJobs, views.size() - k));
-    auto launches = fp::gpu_row_launches(views.data() + k, n, plan, plan.order.data(), plan.segments.data(),
+    auto launches = fp::gpu_row_launches(views.data() + k, n, plan, plan.index.data(),
                                          small_device());
     for (auto& l : launches) l.threads = threads;
     std::vector<std::vector<uint8_t>> scratch;
@@ -621,7 +621,35 @@ void check_long_cycles(int threads, int trials, bool serial) {
   }
 }
 
+// Plans keep no copy of perm: each must give it back exactly
+// (permutation_of) and recognise it, and no other (applies).
+void check_plans_give_back_perm() {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> perms = {
+      {"random 1000", random_perm(1000)},        {"one cycle 1000", one_cycle(1000)},
+      {"with long cycle", with_long_cycle(300)}, {"blocks 70x4", block_cycle(70, 4)},
+      {"q 8x64", fp::q_fused_permutation(8, 64)}, {"o 4x96", fp::o_fused_permutation(4, 96)},
+      {"reversal", reversal(300)},               {"identity", identity(50)},
+  };
+  for (const auto& [name, perm] : perms) {
+    const int64_t n = static_cast<int64_t>(perm.size());
+    std::vector<int64_t> other = perm;
+    std::swap(other[rng() % n], other[n - 1 - rng() % (n / 2)]);  // may swap an index with itself
+    const bool differs = other != perm;
+    const fp::RowPlan rows = fp::make_row_plan(perm, 4);  // short segments: cut cycles too
+    report(fp::permutation_of(rows) == perm && fp::applies(rows, perm.data(), n) &&
+               fp::applies(rows, other.data(), n) != differs && !fp::applies(rows, perm.data(), n - 1),
+           "row plan gives back " + name);
+    for (int64_t esize : {1, 2, 8}) {
+      const fp::ColPlan cols = fp::make_col_plan(perm, esize);
+      report(fp::permutation_of(cols) == perm && fp::applies(cols, perm.data(), n) &&
+                 fp::applies(cols, other.data(), n) != differs,
+             "col plan (" + std::to_string(esize) + "-byte elements) gives back " + name);
+    }
+  }
+}
+
 void stress(const std::vector<int>& thread_counts) {
+  check_plans_give_back_perm();
   for (int threads : thread_counts) {
     const bool serial = threads == thread_counts.front();  // the serial forms once
     // Row permutations: small slices and steps force several tiles per row
@@ -692,7 +720,7 @@ void model_wq_b(int tp) {
   const fp::UnitView views[] = {fp::row_units(w.data(), kQLora, kQLora, plan.unit_rows),
                                 fp::row_units(s.data(), kQLora / 32, kQLora / 32, plan.unit_rows)};
   std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(views, 2, plan, plan.order.data(), plan.segments.data(), fp::DeviceSpec{});
+      fp::gpu_row_launches(views, 2, plan, plan.index.data(), fp::DeviceSpec{});
   for (const auto& l : launches) print_launch("wq_b tp" + std::to_string(tp), l);
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
@@ -733,7 +761,7 @@ void model_wq_b_packed(int tp) {
   const fp::UnitView views[] = {fp::unit_views(w.data(), {rows, kQLora}, plan.unit_rows, {{kQLora, 1}}, 1).front(),
                                 fp::unit_views(s.data(), {rows, 4}, plan.unit_rows, s.others(0), 4).front()};
   std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(views, 2, plan, plan.order.data(), plan.segments.data(), fp::DeviceSpec{});
+      fp::gpu_row_launches(views, 2, plan, plan.index.data(), fp::DeviceSpec{});
   for (const auto& l : launches) print_launch("wq_b packed tp" + std::to_string(tp), l);
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
