@@ -12,7 +12,8 @@ one budget, the figures most wanted first:
   tests      the suite's CUDA tests (pytest -k cuda; not the >2^31-byte ones)
   runtime    tests/test_cuda_runtime.py: streams, threads, graphs, cache eviction, >2^31 bytes
   ptxas      scripts/ptxas_gate.py on the build log (no spills, no stack)
-  model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log)
+  model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
+             bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json)
   ncu        Nsight Compute on one native wq_b and one wo_a call at TP 1
              (bench/ncu_case.py): DRAM throughput as a fraction of peak,
              shared-memory bank conflicts, instructions issued per byte moved
@@ -62,7 +63,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
 TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 60, "runtime": 35, "ptxas": 5,
-            "model": 10, "ncu": 40, "memcheck": 40, "racecheck": 40}
+            "model": 60, "ncu": 40, "memcheck": 40, "racecheck": 40}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -317,6 +318,12 @@ def step_model(cfg, step):
     except OSError:
         pass
     step.python("bench/gpu_model.py", "--json", cfg.path("model.json"), *log)
+    # The benchmark's device rows beside the prediction, and the latency,
+    # bandwidth and issue rate that explain them (the weight ops: their
+    # launches simulate fast enough for the fit's repeated runs).
+    if os.path.exists(cfg.path("bench.json")):
+        step.python("bench/gpu_model.py", "--measured", cfg.path("bench.json"), "--ops", "wq_b,wo_a",
+                    "--json", cfg.path("model_fit.json"), *log)
 
 
 def step_ncu(cfg, step):
@@ -505,9 +512,11 @@ def figures(cfg, name):
             return {}
         rows = [r for r in m if isinstance(r, dict)]
         fr = [r["predicted_fraction"] for r in rows if isinstance(r.get("predicted_fraction"), (int, float))]
+        fit = load_json(cfg.path("model_fit.json"))
         return {"model_json": cfg.path("model.json"), "cases": len(rows),
                 "below_target": sum(1 for r in rows if r.get("meets_target") is False),
-                "min_predicted_fraction": round(min(fr), 3) if fr else None}
+                "min_predicted_fraction": round(min(fr), 3) if fr else None,
+                **({"fitted": fit["fitted"]} if isinstance(fit, dict) and fit.get("fitted") else {})}
     if name == "ncu":
         return ncu_figures(cfg)
     if name in ("memcheck", "racecheck"):
@@ -679,6 +688,7 @@ def print_summary(record):
 
 # Files of an earlier run that this one rewrites (so that none is mistaken for this run's).
 OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
+           "model_fit.json",
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
 
 

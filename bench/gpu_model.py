@@ -2,40 +2,53 @@
 """GPU performance model of the model ops' launches, without a GPU.
 
 Takes the launches csrc/launch.cpp plans for each op (through
-flashmla_perm._ops._C.gpu_launches: grid, CTAs per SM, tiles, bytes, loads in
-flight per tile), the kernels' register use (a ptxas log, or today's figures)
-and stated device figures (an H200 by default), and predicts each op's time
-as a fraction of a device-to-device copy of the same bytes.
+flashmla_perm._ops._C.gpu_launches: grid, CTAs per SM, tiles, bytes, vector
+widths), the kernels' instructions per item (read from a build's SASS with
+`--sass`, or the counts recorded below), the layouts' shared-memory bank
+conflicts, and stated device figures (an H200 by default), and predicts each
+op's time as a fraction of a device-to-device copy of the same bytes, with
+the time split by cause.
 
-    python bench/gpu_model.py [--ptxas-log BUILD_LOG] [--json PATH] [--check]
+    python bench/gpu_model.py [--sass SO_OR_SASS] [--ptxas-log LOG] [--json PATH] [--check]
+    python bench/gpu_model.py --measured gpu_check.json   # predicted vs measured, and a fit
 
 The model (docs/PERFORMANCE.md, "GPU performance model"):
 
-  * memory is one pipe of `--copy-tbps` (reads and writes both count) behind a
-    round-trip latency of `--latency-us`: a load issued at time t can be
-    served from t + latency on, in the order requests become servable
-    (first come, first served, a tile at a time);
-  * a device copy of N bytes takes latency + 2N / bandwidth;
-  * a kernel's tiles go grid-stride to its CTAs (tile t to CTA t % grid); a
-    CTA issues all its tile's loads at once (cp.async: the whole tile is in
-    flight), and when the last of them lands it posts the tile's stores
-    (servable at once, the CTA does not wait for them) and issues its next
-    tile's loads. So consecutive tiles of different CTAs overlap: while one
-    CTA's stores drain, others' loads are in flight (Little's law: the pipe
-    stays busy once the loads in flight cover bandwidth x latency);
-  * SM-side time (issuing, shared memory, barriers), L2 hits and DRAM page
-    effects are not modelled; the host's launch overhead is kept apart.
+  * memory is one pipe of `--copy-tbps` (reads and writes both count) behind
+    a load latency `--latency-us`, first come first served;
+  * a copy of N bytes is one kernel per tensor: launch + latency each, then
+    2N / bandwidth;
+  * a kernel's tiles go grid-stride to its CTAs (tile t to CTA t % grid: the
+    scale's tiles come last), CTA c sits on SM c % SMs. Each CTA runs one
+    stage: it issues a tile's loads (the stage loop), waits for them, then
+    issues its stores (the store loop), and only then the next tile's loads.
+    Issuing costs SM cycles: instructions per item (from the SASS) x items /
+    32 lanes / (schedulers x instructions a clock), plus shared-memory bank
+    conflict replays in the store loop; the CTAs issuing on one SM share it
+    equally. While a CTA issues its stores it has no loads in flight, so with
+    few CTAs per SM the pipe stands idle (Little's law);
+  * the kernel's time is split by cause through counterfactual runs of the
+    same simulation (`components`, microseconds; they sum to the prediction):
+    launch, latency (one, as the copy), dram (2N / bandwidth), idle (the
+    pipe idle with SM time left out), issue (the SMs' issue time beyond the
+    memory time, were it fully overlapped), serialisation (one stage: what
+    the real schedule adds to that), bank (conflict replays), tail (the real
+    tile sizes and order against every CTA doing an equal share).
 
-Prints one row per op and case, with PASS or BELOW against the target
-(`--target`, 0.9 of the copy's bandwidth); exits 0 regardless, unless
-`--check` is given and some row is below it.
+Prints one row per op and TP, with PASS or BELOW against `--target` (0.9 of
+the copy); exits 0 regardless, unless `--check` is given and a row is below.
 """
 
 import argparse
 import heapq
 import json
+import math
 import os
+import re
+import shutil
+import subprocess
 import sys
+from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,37 +62,567 @@ MiB = 1 << 20
 HEADS, HEAD_DIM, Q_LORA_RANK, O_LORA_RANK, GROUP = 64, 512, 1280, 1024, 8
 TOKENS, Q_ELEMENT_SIZE = 4096, 2
 TPS = (1, 2, 4, 8)
-Q_HEADS = (64, 128)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
 DEFAULT_REGS = {"rows": 96, "save_heads": 76, "cols": 78}
+
+# Instructions per item (one V-byte vector) of each kernel's inner loops, on
+# the path a full batch takes: read with `--sass` from the sm_90 SASS of the
+# CUDA build in /work/cudacheck (nvcc 13.0, commit 0ca06ab; its kernels'
+# device code is today's: tile_bodies.h differs only in a host-only hook).
+# Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
+# reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
+# a build's counts.
+SASS_BUILD = "/work/cudacheck (nvcc 13.0, sm_90, commit 0ca06ab)"
+# (instructions per item, 32-bit divisions per item) on that path.
+SASS_DEFAULTS = {
+    ("rows", "stage", 16, 0): (60.0, 0.0), ("rows", "store", 16, 16): (89.0, 2.0),
+    ("rows", "stage", 8, 0): (60.0, 0.0), ("rows", "store", 8, 8): (89.0, 2.0),
+    ("cols_staged", "stage", 16, 0): (54.0, 1.0), ("cols_staged", "store", 16, 16): (66.1, 1.0),
+    ("cols_staged", "store", 16, 1): (138.5, 1.0),
+    ("cols_staged", "stage", 4, 0): (53.5, 1.0), ("cols_staged", "store", 4, 1): (76.0, 1.0),
+    ("cols_direct", "stage", 16, 0): (44.0, 0.0), ("cols_direct", "store", 16, 16): (49.2, 1.0),
+    ("save_heads", "store", 16, 16): (54.8, 1.0),
+}
+SASS_TOTALS = {"rows": 13824, "save_heads": 8952, "cols_staged": 15576, "cols_direct": 14240}
+
+# Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
+H200 = {
+    "sms": 132, "smem_per_sm_kib": 228, "clock_ghz": 1.98, "schedulers": 4,
+    "hbm_tbps": 4.8,      # peak; not used in the time, printed beside the copy
+    "copy_tbps": 4.3,     # device copy, read + write: ~90 % of peak, what a D2D copy reaches on HBM3e
+    "latency_us": 0.7,    # DRAM load latency under load: 600-800 ns on Hopper (microbenchmarks)
+    "launch_us": 2.5,     # per launch, back to back on a stream: 2-4 us
+    "ipc": 1.0,           # instructions a scheduler issues a clock (at most one)
+    "tile_cycles": 400,   # per tile: its setup (64-bit tile geometry), cp.async wait, two barriers; an estimate
+    "smem_wavefront_bytes": 128,  # shared memory serves 128 bytes a clock per SM (32 banks x 4 bytes)
+}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = p.add_argument_group("device figures (H200 defaults; stated, not measured here)")
-    d.add_argument("--sms", type=int, default=132, help="SMs")
-    d.add_argument("--smem-per-sm-kib", type=int, default=228, help="shared memory per SM")
+    d.add_argument("--sms", type=int, default=H200["sms"], help="SMs")
+    d.add_argument("--smem-per-sm-kib", type=int, default=H200["smem_per_sm_kib"], help="shared memory per SM")
     d.add_argument("--smem-reserved-per-cta", type=int, default=1024, help="bytes the runtime keeps per CTA")
     d.add_argument("--regs-per-sm", type=int, default=64 * 1024)
     d.add_argument("--threads-per-sm", type=int, default=2048)
     d.add_argument("--max-ctas-per-sm", type=int, default=32)
-    d.add_argument("--copy-tbps", type=float, default=4.3,
+    d.add_argument("--clock-ghz", type=float, default=H200["clock_ghz"], help="SM clock (boost)")
+    d.add_argument("--schedulers", type=int, default=H200["schedulers"], help="warp schedulers per SM")
+    d.add_argument("--ipc", type=float, default=H200["ipc"], help="instructions a scheduler issues a clock")
+    d.add_argument("--hbm-tbps", type=float, default=H200["hbm_tbps"], help="HBM peak (printed only)")
+    d.add_argument("--copy-tbps", type=float, default=H200["copy_tbps"],
                    help="device-to-device copy bandwidth, read and write bytes both counted (TB/s)")
-    d.add_argument("--latency-us", type=float, default=1.0, help="DRAM load latency under load (us)")
-    d.add_argument("--launch-us", type=float, default=4.0, help="host overhead per launch (us), reported apart")
-    r = p.add_argument_group("kernel registers per thread")
+    d.add_argument("--latency-us", type=float, default=H200["latency_us"], help="DRAM load latency (us)")
+    d.add_argument("--launch-us", type=float, default=H200["launch_us"], help="per launch (us)")
+    d.add_argument("--tile-cycles", type=float, default=H200["tile_cycles"],
+                   help="SM cycles per tile outside the item loops (stated estimate)")
+    r = p.add_argument_group("kernels")
+    r.add_argument("--sass", metavar="SO_OR_SASS",
+                   help="count instructions per item from this build (.so: cuobjdump -sass; or its text)")
     r.add_argument("--ptxas-log", metavar="PATH", help="build log with ptxas -v output (default: today's figures)")
-    r.add_argument("--arch", default="sm_90", help="architecture to read from the log")
+    r.add_argument("--arch", default="sm_90", help="architecture to read from the log or the .so")
     for k, v in DEFAULT_REGS.items():
         r.add_argument(f"--regs-{k.replace('_', '-')}", type=int, help=f"override ({k} kernel; today {v})")
+    r.add_argument("--max-ctas", type=int, help="cap CTAs per SM (a what-if: the launches are re-planned)")
     p.add_argument("--target", type=float, default=0.9, help="fraction of the copy the kernels aim for")
     p.add_argument("--json", metavar="PATH", help="write one record per op and case here")
     p.add_argument("--check", action="store_true", help="exit 1 if any case is below the target")
+    p.add_argument("--measured", metavar="FILE",
+                   help="a device run's gpu_check.json (or bench_load_time.py --json): predicted vs measured, fit")
+    p.add_argument("--ops", help="only these ops (comma-separated)")
     return p.parse_args(argv)
 
 
-# --------------------------------------------------------------------------- inputs
+# --------------------------------------------------------------------------- SASS: instructions per item
+
+STG = {16: "STG.E.128", 8: "STG.E.64", 4: "STG.E", 2: "STG.E.U16", 1: "STG.E.U8"}
+LDGSTS = {16: "LDGSTS.E.BYPASS.128", 8: "LDGSTS.E.64", 4: "LDGSTS.E"}  # cp.async .cg 16 / .ca 8, 4
+LDS = {16: "LDS.128", 8: "LDS.64", 4: "LDS", 2: "LDS.U16", 1: "LDS.U8"}
+LD_GENERIC = {16: "LD.E.128", 8: "LD.E.64", 4: "LD.E", 2: "LD.E.U16", 1: "LD.E.U8"}
+LDG = {16: "LDG.E.128", 8: "LDG.E.64", 4: "LDG.E", 2: "LDG.E.U16", 1: "LDG.E.U8"}
+KERNEL_OF_SYMBOL = (("flashmla_perm_colsILb1", "cols_staged"), ("flashmla_perm_colsILb0", "cols_direct"),
+                    ("flashmla_perm_save_heads", "save_heads"), ("flashmla_perm_rows", "rows"))
+INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;")
+
+
+def opcode(text):
+    words = text.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def sass_functions(text):
+    """{kernel kind: [(address, instruction text)]} from cuobjdump -sass output."""
+    parts = re.split(r"\n\s*Function : (\S+)\n", text)
+    out = {}
+    for symbol, body in zip(parts[1::2], parts[2::2]):
+        kind = next((k for s, k in KERNEL_OF_SYMBOL if s in symbol), None)
+        if kind:
+            out[kind] = [(int(a, 16), t) for a, t in INSTRUCTION.findall(body)]
+    return out
+
+
+def inner_loops(instructions):
+    """(first, last) indices of every innermost loop: a backward branch and
+    its target, with no other loop inside."""
+    index = {a: i for i, (a, _) in enumerate(instructions)}
+    loops = []
+    for i, (a, t) in enumerate(instructions):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
+            loops.append((index[int(m.group(1), 16)], i))
+    return [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
+
+
+def loop_path(instructions, first, last, mark, piece):
+    """The path through one loop body (forward branches only) that executes
+    the most `mark` instructions (the item's store or cp.async), then the
+    most `piece` ones (its shared-memory read), then the fewest instructions:
+    a full batch on the fast path. Returns (instructions, marks, divisions)
+    along it; divisions: MUFU.RCP, the reciprocal a 32-bit division starts with."""
+    best = {first: (0, 0, 0, 0)}  # index -> (marks, pieces, -instructions, divisions) on arrival
+    for i in range(first, last + 1):
+        if i not in best:
+            continue
+        marks, pieces, neg, divs = best[i]
+        op = opcode(instructions[i][1])
+        state = (marks + (op == mark), pieces + (op == piece), neg - 1, divs + (op == "MUFU.RCP"))
+        if i == last:
+            best["end"] = state
+            break
+        targets = []
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", instructions[i][1])
+        if m:
+            target = int(m.group(1), 16)
+            targets += [j for j in range(i + 1, last + 1) if instructions[j][0] == target][:1]
+        if not (m and not instructions[i][1].startswith("@")):  # falls through unless an unconditional branch
+            targets.append(i + 1)
+        for j in targets:
+            if j not in best or state[:3] > best[j][:3]:
+                best[j] = state
+    marks, _, neg, divs = best.get("end", (0, 0, 0, 0))
+    return -neg, marks, divs
+
+
+def loop_figures(functions, kind, phase, vec, piece):
+    """Instructions and divisions per item of one kernel's loop for (phase, V,
+    piece), averaged over its copies (one per job slot); None if absent."""
+    if phase == "stage":
+        mark, read = LDGSTS.get(vec), None
+    else:
+        mark = STG[vec]
+        read = {"rows": LD_GENERIC, "save_heads": LDG}.get(kind, LDS)[piece]
+    found = []
+    for first, last in inner_loops(functions.get(kind, [])):
+        ops = {opcode(t) for _, t in functions[kind][first:last + 1]}
+        if mark in ops and (read is None or read in ops):
+            n, marks, divs = loop_path(functions[kind], first, last, mark, read)
+            if marks:
+                found.append((n / marks, divs / marks))
+    if not found:
+        return None
+    return tuple(round(sum(f[k] for f in found) / len(found), 1) for k in (0, 1))
+
+
+# The loops the model ops run: (job kind, phase, V, piece).
+LOOPS = [("rows", "stage", 16, 0), ("rows", "store", 16, 16), ("rows", "stage", 8, 0), ("rows", "store", 8, 8),
+         ("cols_staged", "stage", 16, 0), ("cols_staged", "store", 16, 16), ("cols_staged", "store", 16, 1),
+         ("cols_staged", "stage", 4, 0), ("cols_staged", "store", 4, 1),
+         ("cols_direct", "stage", 16, 0), ("cols_direct", "store", 16, 16),
+         ("save_heads", "store", 16, 16)]
+
+
+def read_sass(text):
+    """{loop key: (instructions per item, divisions per item)}, {kernel: instructions}."""
+    functions = sass_functions(text)
+    counts = {key: loop_figures(functions, *key) for key in LOOPS}
+    return {k: v for k, v in counts.items() if v}, {k: len(v) for k, v in functions.items()}
+
+
+def find_cuobjdump():
+    """cuobjdump from $CUOBJDUMP, PATH, the toolkit, or a pip package (triton
+    bundles one; so does nvidia-cuda-cuobjdump)."""
+    candidates = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"),
+                  os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
+    try:
+        import triton  # noqa: F401
+
+        candidates.append(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+    except Exception:
+        pass
+    for base in sys.path:
+        candidates.append(os.path.join(base, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump"))
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def sass_text(path, arch):
+    if not path.endswith(".so"):
+        with open(path, errors="replace") as f:
+            return f.read()
+    tool = find_cuobjdump()
+    if not tool:
+        sys.exit("gpu_model: --sass with a .so needs cuobjdump (CUOBJDUMP=..., or pip install nvidia-cuda-cuobjdump)")
+    out = subprocess.run([tool, "-sass", "-arch", arch, path], capture_output=True, text=True)
+    if out.returncode or "Function" not in out.stdout:
+        sys.exit(f"gpu_model: no {arch} SASS in {path}: {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def kernel_loops(args):
+    """Per-item counts and where they came from."""
+    if not args.sass:
+        return dict(SASS_DEFAULTS), dict(SASS_TOTALS), f"recorded counts, read from {SASS_BUILD}"
+    counts, totals = read_sass(sass_text(args.sass, args.arch))
+    missing = [k for k in LOOPS if k not in counts]
+    source = f"{args.sass} ({args.arch})"
+    if missing:
+        source += f"; recorded counts for {len(missing)} loop(s) not found there"
+        counts = {**{k: SASS_DEFAULTS[k] for k in missing if k in SASS_DEFAULTS}, **counts}
+    return counts, totals, source
+
+
+# --------------------------------------------------------------------------- layouts
+
+def q_unit_permutation(heads, head_dim):
+    """The Q permutation on 16-row blocks (DESIGN.md): fused block c * H + h
+    <- standard block h * (D / 16) + c."""
+    n = head_dim // 16
+    perm = [0] * (heads * n)
+    for h in range(heads):
+        for c in range(n):
+            perm[c * heads + h] = h * n + c
+    return perm
+
+
+def cycle_lengths(perm):
+    """Lengths of the cycles that move, in the order the plan walks them
+    (csrc/plan.cpp: from the lowest unmoved unit; fixed points dropped)."""
+    done, out = [False] * len(perm), []
+    for start in range(len(perm)):
+        length, u = 0, start
+        while not done[u]:
+            done[u], u, length = True, perm[u], length + 1
+        if length > 1:
+            out.append(length)
+    return out
+
+
+def o_offsets(group, head_dim, chunk):
+    """Source byte of each destination chunk of a wo_a row (chunk bytes per
+    element: 1 for the fp8 weight, the O permutation; the per-32 scale is the
+    O chunk permutation of one byte per 32 columns)."""
+    if chunk == 32:  # weight: fused (c * G + h) * 32 <- h * D + c * 32
+        return [h * head_dim + c * 32 for c in range(head_dim // 32) for h in range(group)]
+    return [h * (head_dim // 32) + c for c in range(head_dim // 32) for h in range(group)]
+
+
+def bank_wavefronts(addresses, width):
+    """Shared-memory wavefronts one warp-wide load takes: the warp is served in
+    phases (16 bytes a lane: 8 lanes at once; 8 bytes: 16; else all 32), and a
+    phase takes as many wavefronts as the most distinct 4-byte words any of the
+    32 banks holds. Returns (wavefronts, phases): conflict-free is equal."""
+    lanes = 128 // max(width, 4) if width >= 8 else 32
+    total = phases = 0
+    for p in range(0, 32, lanes):
+        banks = {}
+        for a in addresses[p:p + lanes]:
+            for word in range(a // 4, (a + width - 1) // 4 + 1):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(len(w) for w in banks.values())
+        phases += 1
+    return total, phases
+
+
+def gather_wavefronts(offsets, chunk, vec, row_bytes):
+    """Shared-memory wavefronts per item of a staged column gather's store
+    loop, (conflict-free, as the layout has them): lane l takes vector l of a
+    row (rows of whole runs: the row's vectors are neighbours;
+    csrc/tile_bodies.h col_staged_tile), and each piece load is one warp-wide
+    load of min(V, chunk) bytes at the gathered source."""
+    piece = min(vec, chunk)
+    per_row = row_bytes // vec
+    ideal = actual = 0
+    for k in range(vec // piece):
+        addrs = []
+        for lane in range(32):
+            r, b = divmod(lane, per_row)
+            src = b * vec + k * piece
+            addrs.append(r * row_bytes + offsets[src // chunk] + src % chunk)
+        waves, phases = bank_wavefronts(addrs, piece)
+        ideal, actual = ideal + phases, actual + waves
+    return ideal / 32, actual / 32
+
+
+# --------------------------------------------------------------------------- cases
+
+@dataclass
+class Case:
+    op: str
+    tp: int
+    dims: list
+    kernel: str          # which kernel's registers size the launch
+    tensors: int         # tensors the op touches (the copy: one kernel each)
+    chunks: tuple        # per job: bytes a destination chunk moves as one (rows: the line, 0)
+    cycles: list         # rows jobs: cycle lengths in plan order (tile bytes follow them)
+    offsets: tuple       # per job: gather map of a staged column job (bank conflicts), or None
+    row_bytes: tuple     # per job: logical bytes of a staged row
+
+
+def cases(ops=None):
+    out = []
+    for tp in TPS:
+        rows, heads = HEADS // tp * HEAD_DIM, HEADS // tp
+        cyc = cycle_lengths(q_unit_permutation(heads, HEAD_DIM))
+        out.append(Case("wq_b", tp, [rows, Q_LORA_RANK, heads], "rows", 2, (0, 0), cyc, (None, None), (0, 0)))
+        out.append(Case("wq_b_packed", tp, [rows, Q_LORA_RANK, heads, 32], "rows", 2, (0, 0), cyc, (None, None),
+                        (0, 0)))
+    cols = GROUP * HEAD_DIM
+    offs = (o_offsets(GROUP, HEAD_DIM, 32), o_offsets(GROUP, HEAD_DIM, 1))
+    for tp in TPS:
+        rows = HEADS // GROUP // tp * O_LORA_RANK
+        out.append(Case("wo_a", tp, [rows, cols, GROUP], "cols", 2, (32, 1), [], offs, (cols, cols // 32)))
+        groups = max(HEADS // GROUP // tp, 1)
+        # The packed scale's rows are 32 words of 4 bytes staged rows-fastest (padded pitch): no gather conflicts
+        # are modelled for it.
+        out.append(Case("wv_packed", tp, [groups, O_LORA_RANK, cols, GROUP], "cols", 2, (32, 1), [],
+                        (offs[0], None), (cols, cols // 32)))
+    for name, heads in (("permute_q", HEADS), ("permute_q_h128", 2 * HEADS)):
+        for tp in TPS:  # Q activations [tokens, heads / tp, 512] bf16, out of place (chunks of 16 elements)
+            out.append(Case(name, tp, [TOKENS, heads // tp, HEAD_DIM, Q_ELEMENT_SIZE], "cols", 1, (32,), [],
+                            (None,), (0,)))
+    order = ("wq_b", "wo_a", "wq_b_packed", "wv_packed", "permute_q", "permute_q_h128")
+    out.sort(key=lambda c: (order.index(c.op), c.tp))
+    return [c for c in out if not ops or c.op in ops]
+
+
+# --------------------------------------------------------------------------- tiles and their SM cost
+
+@dataclass
+class Tile:
+    bytes: float
+    stage: float  # SM cycles issuing the loads (its whole share of the SM)
+    store: float  # SM cycles issuing the stores, bank replays included
+    bank: float   # of which bank-conflict replays
+
+
+def tile_bytes(job, cycles):
+    """Bytes of each tile of a job, in tile order. Row jobs: a tile is one
+    (segment, slice), so its bytes follow its cycle's length when the tiles
+    split every segment alike; column jobs: full tiles, the last the rest."""
+    n, total = job["tiles"], job["bytes"]
+    if job["kind"] in ("rows", "save_heads"):
+        if cycles and n % len(cycles) == 0:
+            per = n // len(cycles)
+            unit = total / (sum(cycles) * per)
+            return [length * unit for length in cycles for _ in range(per)]
+        return [total / n] * n
+    full = job["max_tile_bytes"]
+    return [full] * (n - 1) + [total - full * (n - 1)]
+
+
+def job_loops(job, chunk):
+    """The (kind, phase, V, piece) loops one item of a job goes through."""
+    kind, vec = job["kind"], job["vec"]
+    if kind == "save_heads":
+        return [(kind, "store", vec, vec)]
+    if kind == "cols_direct" and chunk < vec:
+        return [(kind, "store", vec, min(vec, chunk))]  # gathered straight from memory (not in the model ops)
+    piece = vec if kind != "cols_staged" else min(vec, chunk)
+    return [(kind, "stage", vec, 0), (kind, "store", vec, piece)]
+
+
+def sm_cycles(instructions_per_item, items, fig):
+    """SM cycles to issue `items` items: 32 a warp instruction, the SM's
+    schedulers each issuing `ipc` a clock."""
+    return items / 32 * instructions_per_item / (fig["schedulers"] * fig["ipc"])
+
+
+def job_tiles(job, case, j, loops, fig):
+    """The job's tiles with their SM cost."""
+    chunk = case.chunks[j] if j < len(case.chunks) else 0
+    per_item = {}
+    for key in job_loops(job, chunk):
+        if key not in loops:
+            raise KeyError(f"no instruction count for loop {key}")
+        per_item[key[1]] = loops[key][0]
+    # The L1/shared-memory data path: 128 bytes a clock per SM. Loads fill the
+    # tile buffer (V / 128 wavefronts an item); stores read it (gathers: a
+    # wavefront per phase of each piece load, more where banks conflict) and
+    # write V bytes out. It overlaps issuing: a phase takes the longer of the two.
+    vec = job["vec"]
+    ideal = actual = vec / fig["smem_wavefront_bytes"]
+    offsets = case.offsets[j] if j < len(case.offsets) else None
+    if job["kind"] == "cols_staged" and offsets is not None:
+        ideal, actual = gather_wavefronts(offsets, chunk, vec, case.row_bytes[j])
+    write = vec / fig["smem_wavefront_bytes"]
+    out = []
+    for b in tile_bytes(job, case.cycles):
+        items = b / vec
+        stage = max(sm_cycles(per_item.get("stage", 0), items, fig), items * write) if "stage" in per_item else 0.0
+        issue = sm_cycles(per_item["store"], items, fig)
+        store, store_ideal = max(issue, items * (actual + write)), max(issue, items * (ideal + write))
+        out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal))
+    return out
+
+
+def launch_tiles(launch, case, loops, fig):
+    """Every tile of a launch, in launch order (job 0's first)."""
+    out = []
+    for j, job in enumerate(launch["jobs"]):
+        if job["tiles"]:
+            out += job_tiles(job, case, j, loops, fig)
+    return out
+
+
+def balanced(tiles, grid):
+    """The same work with no tail: every CTA the same number of tiles (as
+    near the real count as a whole number allows), each tile the mean of all
+    the launch's tiles (bytes, cycles)."""
+    per_cta = max(1, round(len(tiles) / grid))
+    scale = len(tiles) / (per_cta * grid)
+    mean = Tile(*(sum(getattr(t, f) for t in tiles) / len(tiles) * scale for f in ("bytes", "stage", "store", "bank")))
+    return [mean] * (per_cta * grid)
+
+
+# --------------------------------------------------------------------------- the simulation
+
+def simulate(tiles, grid, fig, sm_time=True, bank=True):
+    """Kernel time (s) of one launch: tile t to CTA t % grid, CTA c on SM c %
+    SMs; each CTA stages a tile, waits, stores it, then goes on (one stage).
+
+    Memory: one pipe of `bw`, first come first served; a tile's loads are
+    servable `latency` after its stage loop starts and land no earlier than
+    `latency` after it ends; its stores are servable from its store loop's
+    start (nobody waits for them). SM: the CTAs issuing on one SM share its
+    cycles equally (processor sharing), at `clock`."""
+    bw, latency, clock, sms = fig["bw"], fig["latency"], fig["clock"], fig["sms"]
+    work = [[] for _ in range(grid)]
+    for t, tile in enumerate(tiles):
+        work[t % grid].append(tile)
+    n = len(work)
+    tile_idx = [0] * n
+    phase = [None] * n       # "stage", "wait", "store", None (done)
+    left = [0.0] * n         # SM cycles left in the current issue phase
+    served = [None] * n      # when the pipe finished this tile's loads
+    stage_end = [None] * n
+    sm_of = [c % sms for c in range(n)]
+    sm_ctas = {}             # SM -> CTAs issuing on it
+    sm_clock = {}            # SM -> time their `left` was last brought up to date
+    version = [0] * sms
+    events, seq = [], 0
+    pipe_free, end = 0.0, 0.0
+
+    def push(at, kind, who, tag=0):
+        nonlocal seq
+        heapq.heappush(events, (at, seq, kind, who, tag))
+        seq += 1
+
+    def cycles_of(tile, which):
+        if not sm_time:
+            return 0.0
+        return tile.stage if which == "stage" else tile.store - (0.0 if bank else tile.bank)
+
+    def settle(sm, now):
+        """Bring the SM's issuing CTAs' cycles left up to `now`, then
+        schedule their ends at the new shares."""
+        ctas = sm_ctas.setdefault(sm, [])
+        rate = clock / len(ctas) if ctas else 0.0
+        for c in ctas:
+            left[c] -= rate * (now - sm_clock.get(sm, now))
+        sm_clock[sm] = now
+        version[sm] += 1
+        rate = clock / len(ctas) if ctas else 0.0
+        for c in ctas:
+            push(now + max(left[c], 0.0) / rate, "issued", c, version[sm])
+
+    def begin(c, which, now):
+        phase[c] = which
+        left[c] = cycles_of(work[c][tile_idx[c]], which)
+        settle(sm_of[c], now)
+        sm_ctas[sm_of[c]].append(c)
+        settle(sm_of[c], now)
+
+    def start_tile(c, now):
+        served[c], stage_end[c] = None, None
+        push(now + latency, "servable", c)
+        begin(c, "stage", now)
+
+    def maybe_land(c):
+        if served[c] is not None and stage_end[c] is not None:
+            push(max(served[c], stage_end[c] + latency), "landed", c)
+
+    for c in range(n):
+        if work[c]:
+            start_tile(c, 0.0)
+    while events:
+        now, _, kind, c, tag = heapq.heappop(events)
+        if kind == "servable":  # a tile's loads (c >= 0) or stores (c < 0: -bytes) reach the pipe
+            nbytes = work[c][tile_idx[c]].bytes if c >= 0 else -tag
+            pipe_free = max(pipe_free, now) + nbytes / bw
+            end = max(end, pipe_free)
+            if c >= 0:
+                served[c] = pipe_free
+                maybe_land(c)
+        elif kind == "issued":
+            sm = sm_of[c]
+            if tag != version[sm] or c not in sm_ctas.get(sm, []):
+                continue  # superseded by a later share
+            settle(sm, now)
+            sm_ctas[sm].remove(c)
+            settle(sm, now)
+            if phase[c] == "stage":
+                phase[c], stage_end[c] = "wait", now
+                maybe_land(c)
+            else:  # stores issued (they reached the pipe as the loop began): go on to the next tile
+                end = max(end, now)
+                tile_idx[c] += 1
+                if tile_idx[c] < len(work[c]):
+                    start_tile(c, now)
+                else:
+                    phase[c] = None
+        elif kind == "landed":
+            # The store loop's stores reach the pipe as it issues them: they are
+            # servable from its start (as a tile's loads are from its stage
+            # loop's start); nobody waits for them.
+            push(now, "servable", -1, -work[c][tile_idx[c]].bytes)
+            begin(c, "store", now)
+    return end
+
+
+def issue_bound(tiles, grid, fig, bank=True):
+    """Time (s) the busiest SM needs to issue its tiles, with nothing else in
+    the way: what issuing costs were it fully overlapped with memory."""
+    per_sm = [0.0] * fig["sms"]
+    for t, tile in enumerate(tiles):
+        per_sm[(t % grid) % fig["sms"]] += tile.stage + tile.store - (0.0 if bank else tile.bank)
+    return max(per_sm) / fig["clock"]
+
+
+def launch_components(launch, case, loops, fig):
+    """One launch's time (s) by cause; the causes sum to the simulated time."""
+    grid = launch["grid"]
+    tiles = launch_tiles(launch, case, loops, fig)
+    even = balanced(tiles, grid)
+    nbytes = sum(t.bytes for t in tiles)
+    dram = 2 * nbytes / fig["bw"]
+    memory_only = simulate(even, grid, fig, sm_time=False)
+    overlapped = max(memory_only, issue_bound(even, grid, fig, bank=False) + fig["latency"])
+    one_stage = simulate(even, grid, fig, bank=False)
+    with_bank = simulate(even, grid, fig)
+    actual = simulate(tiles, grid, fig)
+    return {"latency": fig["latency"], "dram": dram, "idle": memory_only - dram - fig["latency"],
+            "issue": overlapped - memory_only, "serialisation": one_stage - overlapped,
+            "bank": with_bank - one_stage, "tail": actual - with_bank}
+
+
+def figures(args):
+    return {"bw": args.copy_tbps * 1e12, "latency": args.latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
+            "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc, "tile_cycles": args.tile_cycles,
+            "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"]}
+
+
+# --------------------------------------------------------------------------- inputs: registers, launches
 
 def kernel_registers(args):
     """Registers per thread of each kernel, and where they came from."""
@@ -111,175 +654,229 @@ def device_dict(args, regs_per_thread):
     """DeviceSpec fields (csrc/launch.h) for gpu_launches."""
     return {"sm_count": args.sms, "smem_per_sm": args.smem_per_sm_kib * KiB,
             "smem_reserved_per_cta": args.smem_reserved_per_cta, "threads_per_sm": args.threads_per_sm,
-            "regs_per_sm": args.regs_per_sm, "max_ctas_per_sm": args.max_ctas_per_sm,
+            "regs_per_sm": args.regs_per_sm, "max_ctas_per_sm": args.max_ctas or args.max_ctas_per_sm,
             "regs_per_thread": regs_per_thread}
 
 
-def cases():
-    """(op, tp, heads, dims for gpu_launches, kernel whose registers size it, tensor bytes)."""
-    for tp in TPS:
-        rows = HEADS // tp * HEAD_DIM  # wq_b weight [rows, K] fp8 + scale [rows, K / 32] uint8
-        yield ("wq_b", tp, HEADS // tp, [rows, Q_LORA_RANK, HEADS // tp], "rows",
-               rows * (Q_LORA_RANK + Q_LORA_RANK // 32))
-    for tp in TPS:
-        rows = HEADS // GROUP // tp * O_LORA_RANK  # wo_a weight [rows, G * D] + scale [rows, G * D / 32]
-        cols = GROUP * HEAD_DIM
-        yield "wo_a", tp, None, [rows, cols, GROUP], "cols", rows * (cols + cols // 32)
-    # FlashMLA's own layouts: DeepGEMM's packed MN-major int32 scales (one word
-    # per 128 columns, gran 32), wq_b 2-D and wv 3-D [n_groups, out, G * D].
-    for tp in TPS:
-        rows = HEADS // tp * HEAD_DIM
-        yield ("wq_b_packed", tp, HEADS // tp, [rows, Q_LORA_RANK, HEADS // tp, 32], "rows",
-               rows * (Q_LORA_RANK + Q_LORA_RANK // 32))
-    for tp in TPS:
-        groups, cols = max(HEADS // GROUP // tp, 1), GROUP * HEAD_DIM
-        yield ("wv_packed", tp, None, [groups, O_LORA_RANK, cols, GROUP], "cols",
-               groups * O_LORA_RANK * (cols + cols // 32))
-    for heads in Q_HEADS:  # Q activations [tokens, heads, head_dim] bf16, out of place
-        yield "permute_q", None, heads, [TOKENS, heads, HEAD_DIM, Q_ELEMENT_SIZE], "cols", \
-            TOKENS * heads * HEAD_DIM * Q_ELEMENT_SIZE
+# --------------------------------------------------------------------------- one case
+
+def copy_time(kernels, nbytes, fig):
+    """A device copy of nbytes in `kernels` kernels: each a launch and a
+    latency, then every byte read and written at the copy's bandwidth."""
+    return kernels * (fig["launch"] + fig["latency"]) + 2 * nbytes / fig["bw"]
 
 
-# --------------------------------------------------------------------------- the model
-
-def cta_work(launch):
-    """Per CTA, the loads it issues in sequence: one list of step bytes per CTA.
-
-    Tile t of the launch belongs to job 0 while t < its tile count, then to
-    job 1 (cuda_executor.cu), and goes to CTA t % grid (grid-stride). Every
-    tile of a job is taken to move the job's mean tile bytes (bytes / tiles;
-    the launch reports only that and the largest: exact for wo_a, permute_q
-    and wq_b at TP 1 and 2, whose tiles are even; wq_b's cycles differ in
-    length at TP 4 and 8). A tile whose bytes exceed what the job has in flight at
-    once (inflight_bytes; the model ops stage whole tiles, so never there)
-    runs as several steps, each a full latency."""
-    grid = launch["grid"]
-    work = [[] for _ in range(grid)]
-    t = 0
-    for job in launch["jobs"]:
-        if job["tiles"] == 0:
-            continue
-        tile = job["bytes"] / job["tiles"]
-        step = min(tile, job["inflight_bytes"])
-        steps = [step] * int(tile // step) + ([tile % step] if tile % step else [])
-        for _ in range(job["tiles"]):
-            work[t % grid].extend(steps)
-            t += 1
-    return work
-
-
-def simulate(launch, bw, latency, sms):
-    """Kernel time (s): every resident CTA runs its steps; the memory pipe
-    serves requests first come first served once they are servable.
-
-    Loads of a step become servable `latency` after the CTA issues them;
-    the step is done when the pipe has served its last byte. Then the CTA
-    posts the step's stores (servable at once) and issues its next step.
-    CTAs beyond the resident slots (sms x ctas_per_sm; launch.cpp never
-    plans more) start when a resident one finishes.
-
-    Returns the time the pipe stood idle (at least the first latency) plus
-    the time it was busy (all bytes read and written at `bw`), summed apart
-    so that a kernel that never leaves the pipe idle after the first latency
-    comes out exactly as the copy, not a rounding error above it."""
-    work = cta_work(launch)
-    slots = sms * launch["ctas_per_sm"]
-    waiting = [c for c in range(len(work)) if work[c]][::-1]  # CTAs not yet resident, next one last
-    done = [0] * len(work)  # steps each CTA has finished
-    heap, seq = [], 0  # requests: (servable at, order issued, CTA or -1 for stores, bytes)
-
-    def push(at, cta, nbytes):
-        nonlocal seq
-        heapq.heappush(heap, (at, seq, cta, nbytes))
-        seq += 1
-
-    for _ in range(min(slots, len(waiting))):
-        c = waiting.pop()
-        push(latency, c, work[c][0])
-    pipe = idle = 0.0  # the pipe is busy until `pipe`; it stood idle for `idle`
-    while heap:
-        servable, _, cta, nbytes = heapq.heappop(heap)
-        idle += max(0.0, servable - pipe)
-        pipe = max(pipe, servable) + nbytes / bw
-        if cta < 0:
-            continue  # stores: nobody waits on them
-        push(pipe, -1, nbytes)  # this step's stores, posted as its loads land
-        done[cta] += 1
-        if done[cta] < len(work[cta]):
-            push(pipe + latency, cta, work[cta][done[cta]])
-        elif waiting:  # this CTA exits: the next one takes its slot
-            c = waiting.pop()
-            push(pipe + latency, c, work[c][0])
-    return idle + 2 * sum(j["bytes"] for j in launch["jobs"]) / bw
-
-
-def lockstep_time(launch, bw, latency):
-    """Bound without overlap: CTAs in lock-step rounds (round r = the r-th
-    step of every CTA that has one), each round one latency plus its reads
-    and writes at the copy's bandwidth. What the kernel would take if no
-    CTA ever loaded while another stored."""
-    work = cta_work(launch)
-    rounds = max((len(w) for w in work), default=0)
-    return sum(latency + 2 * sum(w[r] for w in work if r < len(w)) / bw for r in range(rounds))
-
-
-def model_case(args, op, tp, heads, dims, kernel, tensor_bytes, regs, C):
-    bw = args.copy_tbps * 1e12
-    latency = args.latency_us * 1e-6
-    launches = C.gpu_launches(op, dims, device_dict(args, regs[kernel]))
-    kernel_s = sum(simulate(l, bw, latency, args.sms) for l in launches if l["tiles"])
-    lockstep_s = sum(lockstep_time(l, bw, latency) for l in launches if l["tiles"])
+def model_case(case, launches, fig, loops, target):
+    """The record of one op and TP from its launches."""
+    parts = [launch_components(l, case, loops, fig) for l in launches if l["tiles"]]
+    comp = {k: sum(p[k] for p in parts) for k in parts[0]} if parts else {}
+    comp = {"launch": len(launches) * fig["launch"], **comp}
+    predicted = sum(comp.values())
     # The copy moves the bytes the permutation moves (fixed points stay: 2046 of
-    # 2048 blocks of wq_b at TP1); a save launch's scratch copies are extra work.
+    # 2048 blocks of wq_b at TP1) in one kernel, as the op's main launch does;
+    # a save launch's scratch copies are the kernel's extra work.
     moved = sum(j["bytes"] for l in launches if l["kernel"] != "save_heads" for j in l["jobs"])
-    copy_s = latency + 2 * moved / bw
+    copy = copy_time(1, moved, fig)
     main = max(launches, key=lambda l: sum(j["bytes"] for j in l["jobs"]))
-    first = [w[0] for w in cta_work(main) if w]  # what every resident CTA has in flight at the start
-    launch_s = len(launches) * args.launch_us * 1e-6
-    fraction = copy_s / kernel_s
+    fraction = copy / predicted
     return {
-        "op": op, "tp": tp, **({"heads": heads} if op == "permute_q" else {}),
-        "kernel": main["kernel"], "regs_per_thread": regs[kernel],
-        "launches": len(launches), "ctas": main["grid"], "ctas_per_sm": main["ctas_per_sm"],
-        "tiles": main["tiles"], "waves": main["tiles"] / (args.sms * main["ctas_per_sm"]),
-        "smem_bytes": main["smem_bytes"],
-        "in_flight_bytes_per_sm": sum(first) / args.sms,
-        "bytes": moved, "tensor_bytes": tensor_bytes,
-        "copy_us": copy_s * 1e6, "predicted_us": kernel_s * 1e6, "lockstep_us": lockstep_s * 1e6,
-        "predicted_fraction": fraction, "lockstep_fraction": copy_s / lockstep_s,
-        "launch_us": launch_s * 1e6, "fraction_incl_launch": copy_s / (kernel_s + launch_s),
-        "target": args.target, "meets_target": fraction >= args.target,
+        "op": case.op, "tp": case.tp, "kernel": main["kernel"], "launches": len(launches),
+        "ctas": main["grid"], "ctas_per_sm": main["ctas_per_sm"], "tiles": main["tiles"],
+        "waves": main["tiles"] / (fig["sms"] * main["ctas_per_sm"]),
+        "in_flight_bytes_per_sm": main["ctas_per_sm"] * max(j["inflight_bytes"] for j in main["jobs"]),
+        "bytes": moved, "copy_us": copy * 1e6, "predicted_us": predicted * 1e6,
+        "predicted_fraction": fraction, "fraction_excl_launch": (copy - fig["launch"]) / (predicted - comp["launch"]),
+        "copy_per_tensor_us": copy_time(case.tensors, moved, fig) * 1e6,
+        "components": {k: v * 1e6 for k, v in comp.items()},
+        "target": target, "meets_target": fraction >= target,
         "launch_details": launches,
     }
 
 
+def model_cases(args, fig, loops, regs, C, only=None):
+    records = []
+    for case in cases(only or (args.ops.split(",") if args.ops else None)):
+        launches = C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_dict(args, regs[case.kernel]))
+        records.append(model_case(case, launches, fig, loops, args.target))
+    return records
+
+
 # --------------------------------------------------------------------------- output
 
-def print_table(args, regs, source, records):
-    bw = args.copy_tbps * 1e12
-    need = bw / 2 * args.latency_us * 1e-6  # Little's law: reads in flight for full bandwidth
-    print(f"device: {args.sms} SMs, {args.smem_per_sm_kib} KiB shared memory, {args.regs_per_sm // 1024} K registers, "
-          f"{args.threads_per_sm} threads, {args.max_ctas_per_sm} CTAs per SM; copy {args.copy_tbps} TB/s "
-          f"(read + write), load latency {args.latency_us} us, launch {args.launch_us} us (apart)")
-    print(f"registers per thread: {', '.join(f'{k} {v}' for k, v in regs.items())} [{source}]")
+COMPONENTS = ("launch", "latency", "dram", "idle", "issue", "serialisation", "bank", "tail")
+
+
+def print_table(args, records, sources):
+    fig = figures(args)
+    need = fig["bw"] / 2 * fig["latency"]  # Little's law: reads in flight for full bandwidth
+    print(f"device: {args.sms} SMs at {args.clock_ghz} GHz, {args.schedulers} schedulers x {args.ipc} instr/clk, "
+          f"{args.smem_per_sm_kib} KiB shared memory; copy {args.copy_tbps} TB/s (read + write; HBM peak "
+          f"{args.hbm_tbps}), latency {args.latency_us} us, launch {args.launch_us} us, {args.tile_cycles:g} "
+          f"cycles a tile [stated]")
+    for name, src in sources.items():
+        print(f"{name}: {src}")
     print(f"loads in flight for full bandwidth (bandwidth/2 x latency): {need / MiB:.2f} MiB, "
           f"{need / args.sms / KiB:.1f} KiB per SM; target {args.target:.2f} of the copy")
-    head = (f"{'op':11} {'case':7} {'kernel':6} {'regs':>4} {'launch':>6} {'CTAs':>5} {'CTA/SM':>6} {'tiles':>6} "
-            f"{'waves':>5} {'KiB/SM':>7} {'MiB':>7} {'copy us':>8} {'kern us':>8} {'fraction':>8} "
-            f"{'lockstep':>8} {'w/launch':>8}  target")
+    head = (f"{'op':14} {'TP':>2} {'kernel':6} {'CTA/SM':>6} {'tiles':>6} {'MiB':>7} {'copy us':>8} {'pred us':>8} "
+            f"{'fraction':>8}  " + " ".join(f"{c[:6]:>6}" for c in COMPONENTS) + "  target")
     print(head)
     print("-" * len(head))
     for r in records:
-        case = f"TP{r['tp']}" if r["tp"] is not None else f"{r['heads']}h"
-        print(f"{r['op']:11} {case:7} {r['kernel']:6} {r['regs_per_thread']:4} {r['launches']:6} {r['ctas']:5} "
-              f"{r['ctas_per_sm']:6} {r['tiles']:6} {r['waves']:5.2f} {r['in_flight_bytes_per_sm'] / KiB:7.1f} "
+        comp = " ".join(f"{r['components'][c]:6.2f}" for c in COMPONENTS)
+        print(f"{r['op']:14} {r['tp']:2} {r['kernel']:6} {r['ctas_per_sm']:6} {r['tiles']:6} "
               f"{r['bytes'] / MiB:7.2f} {r['copy_us']:8.2f} {r['predicted_us']:8.2f} "
-              f"{r['predicted_fraction']:8.3f} {r['lockstep_fraction']:8.3f} {r['fraction_incl_launch']:8.3f}  "
-              f"{'PASS' if r['meets_target'] else 'BELOW'}")
-    print("fraction: copy time / modelled kernel time (overlapped CTAs); lockstep: the same without "
-          "overlap between rounds (a lower bound); w/launch: with the host launch overhead, which "
-          "back-to-back layers hide except for the first")
+              f"{r['predicted_fraction']:8.3f}  {comp}  {'PASS' if r['meets_target'] else 'BELOW'}")
+    print("fraction: copy time / predicted time, launches included on both sides; components in us, summing to "
+          "the prediction (see the module docstring)")
 
+
+def print_loops(loops, totals):
+    print("instructions per item (V-byte vector) by loop [kernel, phase, V, shared-memory piece]:")
+    for key in LOOPS:
+        if key in loops:
+            n, divs = loops[key]
+            print(f"  {key[0]:12} {key[1]:5} V={key[2]:<2} piece={key[3]:<2} {n:7.1f} instructions, "
+                  f"{divs:.1f} divisions")
+    if totals:
+        print("  kernels: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())) + " instructions")
+
+
+# --------------------------------------------------------------------------- measured: compare and fit
+
+def measured_rows(path):
+    """Device rows (kind, tp, backend -> device ms a layer, x copy) from a
+    gpu_check.json (its bench step's figures, or bench.json beside it) or a
+    bench_load_time.py --json document."""
+    with open(path) as f:
+        doc = json.load(f)
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if rows is None and isinstance(doc, dict):
+        beside = os.path.join(os.path.dirname(path), "bench.json")
+        bench = next((s for s in doc.get("steps", []) if s.get("name") == "bench"), {})
+        figs = bench.get("figures") or {}
+        rows = []
+        for key, v in figs.items():
+            m = re.fullmatch(r"(\S+) (\S+) tp(\d+) (\S+)", key)
+            if m and isinstance(v, dict):
+                rows.append({"device": m.group(1), "kind": m.group(2), "tp": int(m.group(3)),
+                             "backend": m.group(4), **v})
+        if not rows and os.path.exists(beside):
+            return measured_rows(beside)
+    out = {}
+    for r in rows or []:
+        if str(r.get("device", "")).startswith("cuda"):
+            out[(r["kind"], int(r["tp"]), r["backend"])] = r
+    return out
+
+
+def fit_copy(records, rows):
+    """Latency and bandwidth from the measured copies, by least squares:
+    copy = tensors x (launch + latency) + 2N / bw is linear in (launch +
+    latency, 1 / bw). Returns (fixed cost per copy kernel, bw) or None."""
+    xs, ys = [], []
+    for r in records:
+        m = rows.get((r["op"], r["tp"], "copy"))
+        if m:
+            tensors = 1 if r["op"].startswith("permute_q") else 2
+            xs.append((tensors, 2 * r["bytes"]))
+            ys.append(m["device_ms_per_layer"] * 1e-3)
+    if len(xs) < 2:
+        return None
+    # Normal equations of the 2-parameter fit.
+    a11 = sum(x[0] * x[0] for x in xs)
+    a12 = sum(x[0] * x[1] for x in xs)
+    a22 = sum(x[1] * x[1] for x in xs)
+    b1 = sum(x[0] * y for x, y in zip(xs, ys))
+    b2 = sum(x[1] * y for x, y in zip(xs, ys))
+    det = a11 * a22 - a12 * a12
+    if det <= 0:
+        return None
+    fixed, inv_bw = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+    return (fixed, 1 / inv_bw) if inv_bw > 0 else None
+
+
+def predicted_time(case, launches, fig, loops):
+    """The prediction alone (s): the launches and the real schedule, no
+    counterfactual runs (what a fit evaluates many times)."""
+    return len(launches) * fig["launch"] + sum(
+        simulate(launch_tiles(l, case, loops, fig), l["grid"], fig) for l in launches if l["tiles"])
+
+
+def native_error(args, loops, regs, C, rows, only):
+    """Sum of squared log ratios, predicted / measured native device time."""
+    fig, err = figures(args), 0.0
+    for case in cases(only):
+        m = rows.get((case.op, case.tp, "native"))
+        if m:
+            launches = C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_dict(args, regs[case.kernel]))
+            err += math.log(predicted_time(case, launches, fig, loops) / (m["device_ms_per_layer"] * 1e-3)) ** 2
+    return err
+
+
+def fit_ipc(args, loops, regs, C, rows, only, lo=0.05, hi=2.0, rounds=18):
+    """The issue rate (instructions a scheduler issues a clock) that best
+    explains the native times: golden-section search on its log."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = math.log(lo), math.log(hi)
+
+    def err(x):
+        args.ipc = math.exp(x)
+        return native_error(args, loops, regs, C, rows, only)
+
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = err(c), err(d)
+    for _ in range(rounds):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = err(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = err(d)
+    return math.exp((a + b) / 2)
+
+
+def compare_measured(args, loops, regs, C):
+    """Predicted against measured per op and TP, then the fit: latency and
+    bandwidth from the copies (least squares), the issue rate from the
+    native rows (golden section). Returns the fitted figures."""
+    rows = measured_rows(args.measured)
+    ops = sorted({k for k, _, _ in rows if k in {c.op for c in cases(args.ops.split(",") if args.ops else None)}})
+    if not ops:
+        print(f"gpu_model: no device rows of the model's ops in {args.measured}: nothing to compare")
+        return {}
+    fig = figures(args)
+    records = model_cases(args, fig, loops, regs, C, ops)
+    print(f"measured: {args.measured}")
+    print(f"{'op':14} {'TP':>2} {'pred us':>8} {'meas us':>8} {'pred frac':>9} {'meas frac':>9}")
+    for r in records:
+        m = rows.get((r["op"], r["tp"], "native"))
+        if m:
+            print(f"{r['op']:14} {r['tp']:2} {r['predicted_us']:8.2f} {m['device_ms_per_layer'] * 1e3:8.2f} "
+                  f"{r['copy_per_tensor_us'] / r['predicted_us']:9.3f} {1 / m['x_copy_device']:9.3f}")
+    print("(fractions of the benchmark's copy: one copy kernel per tensor)")
+    fitted = {}
+    copy = fit_copy(records, rows)
+    if copy:
+        fixed, bw = copy
+        args.copy_tbps = bw / 1e12
+        args.latency_us = max(fixed * 1e6 - args.launch_us, 0.0)
+        fitted.update(copy_tbps=args.copy_tbps, latency_us=args.latency_us)
+    if any((r["op"], r["tp"], "native") in rows for r in records):
+        fitted["ipc"] = fit_ipc(args, loops, regs, C, rows, ops)
+    print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in fitted.items())
+          + f" (latency with launch {args.launch_us} us held: the copies give launch + latency together)")
+    after = model_cases(args, figures(args), loops, regs, C, ops)
+    for r in after:
+        m = rows.get((r["op"], r["tp"], "native"))
+        if m:
+            print(f"  fitted {r['op']:14} TP{r['tp']}: predicted {r['predicted_us']:8.2f} us, "
+                  f"measured {m['device_ms_per_layer'] * 1e3:8.2f} us")
+    return fitted
+
+
+# --------------------------------------------------------------------------- main
 
 def main(argv=None):
     args = parse_args(argv)
@@ -289,13 +886,26 @@ def main(argv=None):
     if not flashmla_perm.build_info()["native"] or not hasattr(_ops._C, "gpu_launches"):
         print(f"gpu_model: needs the native module (gpu_launches): {flashmla_perm.build_info()['native_error']}")
         return 2
-    regs, source = kernel_registers(args)
-    records = [model_case(args, *c, regs, _ops._C) for c in cases()]
-    print_table(args, regs, source, records)
+    regs, reg_source = kernel_registers(args)
+    loops, totals, loop_source = kernel_loops(args)
+    if args.measured:
+        fitted = compare_measured(args, loops, regs, _ops._C)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"measured": args.measured, "fitted": fitted}, f, indent=2)
+        return 0
+    records = model_cases(args, figures(args), loops, regs, _ops._C)
+    print_table(args, records, {"registers per thread": f"{regs} [{reg_source}]",
+                                "instructions per item": loop_source})
+    print_loops(loops, totals)
     if args.json:
-        figures = {k: v for k, v in vars(args).items() if k not in ("json", "check")}
+        inputs = {k: v for k, v in vars(args).items() if k not in ("json", "check", "measured")}
+        loop_list = [{"kernel": k[0], "phase": k[1], "vec": k[2], "piece": k[3], "instructions": v[0],
+                      "divisions": v[1]} for k, v in loops.items()]
         with open(args.json, "w") as f:
-            json.dump([{**r, "device": figures, "registers_source": source} for r in records], f, indent=2)
+            json.dump([{**r, "inputs": inputs, "registers": regs, "registers_source": reg_source,
+                        "instructions_per_item": loop_list, "instructions_source": loop_source}
+                       for r in records], f, indent=2)
     below = [r for r in records if not r["meets_target"]]
     if below:
         print(f"{len(below)} case(s) below the target {args.target}")

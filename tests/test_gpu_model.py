@@ -18,7 +18,8 @@ NATIVE = flashmla_perm.build_info()["native"]
 needs_native = pytest.mark.skipif(not NATIVE, reason="native module not loaded (gpu_launches)")
 
 REQUIRED = ("op", "tp", "launches", "ctas", "in_flight_bytes_per_sm", "predicted_fraction", "bytes",
-            "predicted_us", "copy_us", "waves", "ctas_per_sm", "fraction_incl_launch")
+            "predicted_us", "copy_us", "waves", "ctas_per_sm", "components", "inputs", "instructions_per_item")
+OPS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed", "permute_q", "permute_q_h128")
 
 
 def load_model():
@@ -28,10 +29,10 @@ def load_model():
     return module
 
 
-def run_model(tmp_path, *args):
-    out = tmp_path / "model.json"
+def run_model(tmp_path, *args, name="model.json"):
+    out = tmp_path / name
     proc = subprocess.run([sys.executable, SCRIPT, "--json", str(out), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -43,27 +44,24 @@ def test_records(tmp_path):
     for r in records:
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, (r["op"], missing)
-        assert 0 < r["predicted_fraction"] <= 1, r
-        assert 0 < r["fraction_incl_launch"] <= r["predicted_fraction"], r
+        assert r["predicted_fraction"] > 0, r
+        # The causes add up to the prediction, and the copy is its own sum.
+        assert sum(r["components"].values()) == pytest.approx(r["predicted_us"], rel=1e-9), r["components"]
+        assert r["copy_us"] == pytest.approx(r["predicted_us"] * r["predicted_fraction"], rel=1e-9)
+        assert r["components"]["dram"] > 0 and r["components"]["launch"] > 0
         assert r["ctas"] > 0 and r["in_flight_bytes_per_sm"] > 0 and r["bytes"] > 0
         if r["op"] in ("wq_b", "wo_a", "wq_b_packed", "wv_packed"):
             assert r["launches"] == 1, r  # weight and scale in one launch
-    cases = [(r["op"], r["tp"], r.get("heads")) for r in records]
-    tps = (1, 2, 4, 8)
-    expected = ([("wq_b", tp, 64 // tp) for tp in tps] + [("wo_a", tp, None) for tp in tps]
-                + [("wq_b_packed", tp, 64 // tp) for tp in tps] + [("wv_packed", tp, None) for tp in tps]
-                + [("permute_q", None, 64), ("permute_q", None, 128)])
-    assert [(op, tp) for op, tp, _ in cases] == [(op, tp) for op, tp, _ in expected]
-    assert [h for op, _, h in cases if op == "permute_q"] == [64, 128]
+    assert [(r["op"], r["tp"]) for r in records] == [(op, tp) for op in OPS for tp in (1, 2, 4, 8)]
 
 
 @needs_native
 def test_check_exit_status(tmp_path):
     # Not a gate by default; --check fails on a target nobody meets.
-    proc, _ = run_model(tmp_path, "--target", "1.01")
+    proc, _ = run_model(tmp_path, "--target", "1.01", "--ops", "wq_b")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "BELOW" in proc.stdout
-    proc, _ = run_model(tmp_path, "--target", "1.01", "--check")
+    proc, _ = run_model(tmp_path, "--target", "1.01", "--check", "--ops", "wq_b")
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
@@ -95,38 +93,186 @@ def test_launch_figures(op, dims, device):
             assert 0 < j["inflight_bytes"] and j["max_tile_bytes"] * j["tiles"] >= j["bytes"], j
 
 
-# The model itself, on made-up launches (no native module needed).
+# The model itself, on made-up launches and kernels (no native module needed).
 
-BW, LATENCY = 4.3e12, 1e-6
+FIG = {"bw": 4.3e12, "latency": 0.7e-6, "clock": 1.98e9, "sms": 132, "schedulers": 4, "ipc": 1.0,
+       "tile_cycles": 0.0, "launch": 2.5e-6, "smem_wavefront_bytes": 128}
+TILE = 32 * 1024
 
 
-def synthetic(grid, tiles, tile_bytes, inflight=None, ctas_per_sm=1):
+def direct_case(m):
+    return m.Case("permute_q", 1, [], "cols", 1, (32,), [], (None,), (0,))
+
+
+def direct_loops(stage, store):
+    """The direct column kernel's loops with the given instructions per item."""
+    return {("cols_direct", "stage", 16, 0): (stage, 0.0), ("cols_direct", "store", 16, 16): (store, 0.0)}
+
+
+def direct_launch(tiles, ctas_per_sm, sms=132, tile=TILE):
+    grid = min(tiles, sms * ctas_per_sm)
     return {"kernel": "cols", "grid": grid, "ctas_per_sm": ctas_per_sm, "tiles": tiles,
-            "jobs": [{"tiles": tiles, "bytes": tiles * tile_bytes, "inflight_bytes": inflight or tile_bytes}]}
+            "jobs": [{"kind": "cols_direct", "vec": 16, "tiles": tiles, "bytes": tiles * tile,
+                      "max_tile_bytes": tile, "inflight_bytes": tile}]}
 
 
-def test_model_one_round_with_enough_in_flight_is_the_copy():
+def fraction(m, launch, loops, fig=FIG):
+    """Copy time / kernel time of one launch (launch overheads left out: both have one)."""
+    comp = m.launch_components(launch, direct_case(m), loops, fig)
+    copy = fig["latency"] + 2 * sum(j["bytes"] for j in launch["jobs"]) / fig["bw"]
+    return copy / sum(comp.values()), comp
+
+
+def per_sm_issue_us(launch, instructions, fig=FIG):
+    items = launch["tiles"] * TILE / 16 / fig["sms"]
+    return items / 32 * instructions / (fig["schedulers"] * fig["ipc"]) / fig["clock"] * 1e6
+
+
+def test_issue_bound_case_is_below_the_copy():
     m = load_model()
-    launch = synthetic(132, 132, 32 * 1024)  # 4.1 MiB in flight: more than bandwidth x latency
-    copy = LATENCY + 2 * 132 * 32 * 1024 / BW
-    assert m.simulate(launch, BW, LATENCY, 132) == pytest.approx(copy, rel=1e-12)
+    launch = direct_launch(132 * 6 * 4, 6)
+    dram_us = 2 * launch["tiles"] * TILE / FIG["bw"] * 1e6
+    # Instructions per item chosen so that issuing takes twice the memory time.
+    heavy = 2 * dram_us / per_sm_issue_us(launch, 1.0)
+    f, comp = fraction(m, launch, direct_loops(heavy / 2, heavy / 2))
+    assert f < 0.6, (f, comp)
+    assert max(comp, key=comp.get) in ("issue", "dram") and comp["issue"] > 0.5 * comp["dram"], comp
+    # The same launch with a tenth of the instructions is memory bound.
+    f_light, comp_light = fraction(m, launch, direct_loops(heavy / 20, heavy / 20))
+    assert f_light > f and comp_light["issue"] == pytest.approx(0, abs=1e-9), comp_light
 
 
-def test_model_littles_law():
-    # 132 KiB in flight sustain 132 KiB per latency: 100 tiles a CTA take ~100 latencies.
+def test_halving_ctas_per_sm_with_one_stage_lowers_the_prediction():
     m = load_model()
-    launch = synthetic(132, 132 * 100, 1024)
-    assert m.simulate(launch, BW, LATENCY, 132) == pytest.approx(100 * LATENCY, rel=0.01)
+    tiles = 132 * 8 * 6
+    # Issuing (stage and store loops together) takes as long as the memory:
+    # overlapped, that is the copy; one stage leaves the pipe idle while a
+    # CTA issues its stores, unless other CTAs on its SM have loads in flight.
+    launch = direct_launch(tiles, 8)
+    per_item = 0.5 * 2 * tiles * TILE / FIG["bw"] * 1e6 / per_sm_issue_us(launch, 1.0)
+    loops = direct_loops(per_item, per_item)
+    f8, c8 = fraction(m, launch, loops)
+    f4, c4 = fraction(m, direct_launch(tiles, 4), loops)
+    f2, c2 = fraction(m, direct_launch(tiles, 2), loops)
+    assert f2 < f4 < f8, (f2, f4, f8)
+    assert c2["serialisation"] > c4["serialisation"] > 0, (c2, c4)
+    # Without SM time, CTAs per SM make no difference to the memory pipe here.
+    t4 = m.simulate([m.Tile(TILE, 0, 0, 0)] * tiles, 132 * 4, FIG, sm_time=False)
+    t2 = m.simulate([m.Tile(TILE, 0, 0, 0)] * tiles, 132 * 2, FIG, sm_time=False)
+    assert t2 == pytest.approx(t4, rel=0.02)
 
 
-def test_model_tail_and_steps():
+def test_components_sum_to_the_simulation():
     m = load_model()
-    # Three small tiles on two CTAs: CTA 0 runs two in a row, two latencies.
-    assert m.simulate(synthetic(2, 3, 1024), BW, LATENCY, 132) == pytest.approx(2 * LATENCY, rel=0.01)
-    # A tile with a quarter of its bytes in flight at once: four steps, four latencies.
-    assert m.simulate(synthetic(1, 1, 4096, inflight=1024), BW, LATENCY, 132) == pytest.approx(
-        4 * LATENCY, rel=0.01)
-    # More CTAs than resident slots: the second wave waits for the first.
-    assert m.simulate(synthetic(4, 4, 1024), BW, LATENCY, 2) == pytest.approx(2 * LATENCY, rel=0.01)
-    # The lock-step bound pays a latency per round.
-    assert m.lockstep_time(synthetic(2, 3, 1024), BW, LATENCY) == pytest.approx(2 * LATENCY, rel=0.01)
+    launch = direct_launch(1000, 6)
+    loops = direct_loops(50.0, 60.0)
+    comp = m.launch_components(launch, direct_case(m), loops, FIG)
+    actual = m.simulate(m.launch_tiles(launch, direct_case(m), loops, FIG), launch["grid"], FIG)
+    assert sum(comp.values()) == pytest.approx(actual, rel=1e-12)
+
+
+def test_memory_only_is_the_copy_with_enough_in_flight():
+    # Little's law: 6 x 32 KiB a SM in flight cover bandwidth x latency, so
+    # with no SM time the pipe never idles after the first latency.
+    m = load_model()
+    tiles = [m.Tile(TILE, 0, 0, 0)] * (132 * 6 * 2)
+    t = m.simulate(tiles, 132 * 6, FIG, sm_time=False)
+    assert t == pytest.approx(FIG["latency"] + 2 * len(tiles) * TILE / FIG["bw"], rel=1e-9)
+    # A few bytes in flight: the pipe idles, a latency a round.
+    small = [m.Tile(1024, 0, 0, 0)] * (132 * 100)
+    assert m.simulate(small, 132, FIG, sm_time=False) == pytest.approx(100 * FIG["latency"], rel=0.02)
+
+
+def test_tail_from_an_extra_tile():
+    m = load_model()
+    grid = 132 * 2
+    # Tiles whose issuing takes about as long as the memory: one CTA with a
+    # second tile runs on alone after the others are done.
+    loops = direct_loops(100.0, 100.0)
+    even = m.launch_components(direct_launch(grid, 2), direct_case(m), loops, FIG)
+    odd = direct_launch(grid + 1, 2)
+    odd["grid"] = grid  # one CTA takes a second tile
+    lopsided = m.launch_components(odd, direct_case(m), loops, FIG)
+    assert even["tail"] == pytest.approx(0, abs=1e-12), even
+    assert lopsided["tail"] > 0.2 * (sum(even.values()) - FIG["latency"]), (even, lopsided)
+
+
+def test_tiles_follow_the_cycles_and_the_scale_comes_last():
+    m = load_model()
+    cycles = m.cycle_lengths(m.q_unit_permutation(64, 512))
+    assert sum(cycles) == 2046 and max(cycles) == 11  # DESIGN.md: 2046 of 2048 blocks move, cycles of <= 11
+    job = {"kind": "rows", "tiles": 2 * len(cycles), "bytes": 2 * sum(cycles) * 100, "max_tile_bytes": 1100}
+    sizes = m.tile_bytes(job, cycles)
+    assert sizes[0::2] == [c * 100 for c in cycles] and sum(sizes) == job["bytes"]
+    col = {"kind": "cols_staged", "tiles": 3, "bytes": 2500, "max_tile_bytes": 1000}
+    assert m.tile_bytes(col, []) == [1000, 1000, 500]
+
+
+def test_wo_a_gather_is_four_way_bank_conflicted():
+    m = load_model()
+    # Weight: consecutive 32-byte output chunks come from sources 512 bytes apart.
+    ideal, actual = m.gather_wavefronts(m.o_offsets(8, 512, 32), 32, 16, 4096)
+    assert actual == 4 * ideal
+    # An identity gather of whole rows is conflict-free.
+    ideal, actual = m.gather_wavefronts(list(range(0, 4096, 32)), 32, 16, 4096)
+    assert actual == ideal
+
+
+FAKE_SASS = """
+\tFunction : _ZN13flashmla_perm4anon18flashmla_perm_rowsENS0_4JobsINS_6RowJobEEE
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0020*/               @P0 BRA 0x50 ;
+        /*0030*/                   MUFU.RCP R3, R3 ;
+        /*0040*/                   IMAD R1, R1, R3, RZ ;
+        /*0050*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0060*/               @P1 BRA 0x10 ;
+        /*0070*/                   LD.E.128 R4, desc[UR4][R6.64] ;
+        /*0080*/                   STG.E.128 desc[UR4][R8.64], R4 ;
+        /*0090*/                   LD.E.128 R4, desc[UR4][R6.64] ;
+        /*00a0*/               @P2 BRA 0xc0 ;
+        /*00b0*/                   STG.E.128 desc[UR4][R8.64], R4 ;
+        /*00c0*/               @P1 BRA 0x70 ;
+        /*00d0*/                   EXIT ;
+"""
+
+
+def test_sass_reader_counts_the_full_batch_path():
+    m = load_model()
+    counts, totals = m.read_sass(FAKE_SASS)
+    assert totals == {"rows": 14}
+    # Stage loop 0x10-0x60: the short path skips the division (4 instructions, one item).
+    assert counts[("rows", "stage", 16, 0)] == (4.0, 0.0)
+    # Store loop 0x70-0xc0: the path with both stores (6 instructions, two items).
+    assert counts[("rows", "store", 16, 16)] == (3.0, 0.0)
+
+
+@pytest.mark.skipif(not os.environ.get("FLASHMLA_PERM_SASS"), reason="FLASHMLA_PERM_SASS (a CUDA _C .so or its "
+                    "cuobjdump -sass text) not set")
+def test_recorded_counts_match_the_build():
+    m = load_model()
+    counts, _ = m.read_sass(m.sass_text(os.environ["FLASHMLA_PERM_SASS"], "sm_90"))
+    assert counts == m.SASS_DEFAULTS
+
+
+@needs_native
+def test_measured_round_trip(tmp_path):
+    """A measured file made by the model itself with other latency, bandwidth
+    and issue rate: the fit finds them again."""
+    altered = {"copy_tbps": 3.7, "latency_us": 1.4, "ipc": 0.45}
+    ops = "wq_b,wo_a"
+    proc, records = run_model(tmp_path, "--ops", ops, *(f"--{k.replace('_', '-')}={v}" for k, v in altered.items()),
+                              name="altered.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figs = {}
+    for r in records:
+        native, copy = r["predicted_us"] / 1e3, r["copy_per_tensor_us"] / 1e3  # the benchmark's copy: a kernel a tensor
+        figs[f"cuda {r['op']} tp{r['tp']} native"] = {"device_ms_per_layer": native, "x_copy_device": native / copy}
+        figs[f"cuda {r['op']} tp{r['tp']} copy"] = {"device_ms_per_layer": copy, "x_copy_device": 1.0}
+    measured = tmp_path / "gpu_check.json"
+    measured.write_text(json.dumps({"ok": True, "steps": [{"name": "bench", "status": "ok", "figures": figs}]}))
+    proc, fit = run_model(tmp_path, "--measured", str(measured), "--ops", ops, name="fit.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "meas us" in proc.stdout
+    for k, v in altered.items():
+        assert fit["fitted"][k] == pytest.approx(v, rel=0.02), (k, fit)
