@@ -59,11 +59,11 @@ MUTANTS = [
       ["tests/test_ops.py::test_a_swap_at_either_end_still_moves", "tests/test_ops.py"],
       "make_col_plan: the identity decided on the first half (a permutation of the second half skipped)"),
     # ---- cycle segments and scratch slots (csrc/plan.cpp)
-    M("plan-segment-lengths", "csrc/plan.cpp",
-      "const int64_t seg_len = len / nseg + (s < len % nseg ? 1 : 0);",
-      "const int64_t seg_len = len / nseg;",
-      ["tests/test_row_segments.py", "harness --quick"],
-      "segments of a long cycle no longer cover it when nseg does not divide its length"),
+    M("plan-whole-cycle-start", "csrc/plan.cpp",
+      "first[whole_slot++] = static_cast<int32_t>(at);",
+      "first[whole_slot++] = static_cast<int32_t>(at + 1);",
+      ["tests/test_ops.py", "harness --quick"],
+      "make_row_plan: a whole cycle's segment starts one unit late (the segment before runs into it)"),
     M("plan-scratch-slot", "csrc/plan.cpp",
       "tail[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);",
       "tail[cut_slot++] = static_cast<int32_t>(first_slot + s);",
@@ -158,6 +158,11 @@ MUTANTS = [
       ["tests/test_overlap.py", "tests/test_bad_input.py"],
       "meet: elements that share only their edge byte seen apart"),
     # ---- threaded tile bodies (csrc/tile_bodies.h): only the harness runs them on a CPU
+    M("fast-div-shift", "csrc/tile_bodies.h",
+      "return static_cast<uint32_t>((n * m) >> shift);",
+      "return static_cast<uint32_t>((n * m) >> (shift + 1));",
+      ["harness --quick"],
+      "FastDiv: the row tile's item digits off by a power of two (the divide the GPU loops no longer do)"),
     M("threaded-missing-barrier", "csrc/tile_bodies.h",
       "      ctx.stage_wait();\n      ctx.sync();\n      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf,",
       "      ctx.stage_wait();\n      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf,",
@@ -230,6 +235,13 @@ class Builds:
         return self._run([self.python, "setup.py", "-q", "build_ext", "--inplace", "--force"], env)
 
     def build_harness(self):
+        # A build directory left by another venv names a ninja that may be gone: configure afresh.
+        cache = self.harness_dir / "CMakeCache.txt"
+        if cache.exists():
+            tools = [line.split("=", 1)[1] for line in cache.read_text().splitlines()
+                     if line.startswith("CMAKE_MAKE_PROGRAM:")]
+            if tools and not Path(tools[0]).exists():
+                shutil.rmtree(self.harness_dir)
         if not (self.harness_dir / "build.ninja").exists():
             cmake = [shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"]
             ok, out = self._run(cmake + ["-S", str(self.tree), "-B", str(self.harness_dir), "-G", "Ninja",

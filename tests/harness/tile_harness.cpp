@@ -648,8 +648,28 @@ void check_plans_give_back_perm() {
   }
 }
 
+// FastDiv against the divide it replaces: small divisors with every n near
+// their multiples, and random divisors and n below 2^31.
+void check_fast_div() {
+  bool ok = true;
+  std::mt19937_64 draw(31);  // its own: the other cases' draws stay as they were
+  auto check = [&](uint32_t d, uint32_t n) { ok = ok && fp::FastDiv(d).div(n) == n / d; };
+  for (uint32_t d = 1; d <= 3000; ++d)
+    for (uint32_t k : {0u, 1u, 2u, 7u, 1000u, (0x7FFFFFFFu / d) - 1, 0x7FFFFFFFu / d})
+      for (uint32_t e = 0; e < 3 && k * d + e <= 0x7FFFFFFFu; ++e) { check(d, k * d + e); if (k * d >= 1 + e) check(d, k * d - 1 - e); }
+  for (int t = 0; t < 200000; ++t) {
+    const uint32_t d = 1 + static_cast<uint32_t>(draw() % 0x7FFFFFFFu);
+    check(d, static_cast<uint32_t>(draw() % 0x80000000u));
+    check(d, d - 1);
+    check(d, d);
+  }
+  check(0x7FFFFFFFu, 0x7FFFFFFFu);
+  report(ok, "FastDiv equals n / d for n < 2^31");
+}
+
 void stress(const std::vector<int>& thread_counts) {
   check_plans_give_back_perm();
+  check_fast_div();
   for (int threads : thread_counts) {
     const bool serial = threads == thread_counts.front();  // the serial forms once
     // Row permutations: small slices and steps force several tiles per row
