@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "counters.h"  // Path, path_count
 #include "plan_cache.h"
 
 namespace flashmla_perm {
@@ -52,9 +53,5 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op = "flashmla_p
 
 // Out of place: the last dim of src gathered into a new contiguous tensor.
 at::Tensor applied_cols(const at::Tensor& src, const ColForms& plans);
-
-// How many calls each path served (tests assert the native path really ran).
-enum class Path { kCpu = 0, kCuda = 1, kAten = 2 };
-int64_t path_count(Path path);
 
 }  // namespace flashmla_perm

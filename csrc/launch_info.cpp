@@ -15,37 +15,29 @@ namespace {
 // blocks, and only alignment matters to the plan (nothing is dereferenced).
 uint8_t* fake_address(int i) { return reinterpret_cast<uint8_t*>(uintptr_t{1} << 40) + (int64_t{i} << 32); }
 
-bool read_int(PyObject* dict, const char* key, int64_t* out) {
-  PyObject* v = PyDict_GetItemString(dict, key);  // borrowed
-  if (v == nullptr) return true;
-  const long long x = PyLong_AsLongLong(v);
-  if (x == -1 && PyErr_Occurred()) return false;
-  *out = x;
-  return true;
+// A field of `device` into *out, where present.
+template <typename T>
+void read_field(const DeviceFields& device, const char* name, T* out) {
+  const auto it = device.find(name);
+  if (it != device.end()) *out = static_cast<T>(it->second);
 }
 
-bool read_device(PyObject* dict, DeviceSpec* dev) {
-  if (dict == nullptr || dict == Py_None) return true;
-  if (!PyDict_Check(dict)) {
-    PyErr_SetString(PyExc_TypeError, "gpu_launches: device must be a dict or None");
-    return false;
-  }
-  int64_t sm = dev->sm_count, tps = dev->threads_per_sm, rps = dev->regs_per_sm,
-          ctas = dev->max_ctas_per_sm, all = -1;
-  int64_t regs[3] = {dev->regs[0], dev->regs[1], dev->regs[2]};
-  if (!read_int(dict, "sm_count", &sm) || !read_int(dict, "smem_per_sm", &dev->smem_per_sm) ||
-      !read_int(dict, "smem_reserved_per_cta", &dev->smem_reserved_per_cta) ||
-      !read_int(dict, "threads_per_sm", &tps) || !read_int(dict, "regs_per_sm", &rps) ||
-      !read_int(dict, "max_ctas_per_sm", &ctas) || !read_int(dict, "regs_per_thread", &all) ||
-      !read_int(dict, "regs_rows", &regs[0]) || !read_int(dict, "regs_save_heads", &regs[1]) ||
-      !read_int(dict, "regs_cols", &regs[2]))
-    return false;
-  dev->sm_count = static_cast<int>(sm);
-  dev->threads_per_sm = static_cast<int>(tps);
-  dev->regs_per_sm = static_cast<int>(rps);
-  dev->max_ctas_per_sm = static_cast<int>(ctas);
-  for (int k = 0; k < 3; ++k) dev->regs[k] = static_cast<int>(all > 0 ? all : regs[k]);
-  return true;
+DeviceSpec device_spec(const DeviceFields& device) {
+  DeviceSpec dev;
+  read_field(device, "sm_count", &dev.sm_count);
+  read_field(device, "smem_per_sm", &dev.smem_per_sm);
+  read_field(device, "smem_reserved_per_cta", &dev.smem_reserved_per_cta);
+  read_field(device, "threads_per_sm", &dev.threads_per_sm);
+  read_field(device, "regs_per_sm", &dev.regs_per_sm);
+  read_field(device, "max_ctas_per_sm", &dev.max_ctas_per_sm);
+  read_field(device, "regs_rows", &dev.regs[0]);
+  read_field(device, "regs_save_heads", &dev.regs[1]);
+  read_field(device, "regs_cols", &dev.regs[2]);
+  int64_t all = -1;  // regs_per_thread, where positive, sizes all three kernels
+  read_field(device, "regs_per_thread", &all);
+  if (all > 0)
+    for (int& regs : dev.regs) regs = static_cast<int>(all);
+  return dev;
 }
 
 const char* job_kind(const Launch& l, int j) {
@@ -53,22 +45,12 @@ const char* job_kind(const Launch& l, int j) {
   return l.cols[j].staged ? "cols_staged" : "cols_direct";
 }
 
-PyObject* launch_dict(const Launch& l) {
-  PyObject* jobs = PyList_New(0);
-  for (int j = 0; j < l.num_jobs; ++j) {
-    PyObject* job = Py_BuildValue("{s:s,s:i,s:L,s:L,s:L,s:L}", "kind", job_kind(l, j), "vec", l.vec(j),
-                                  "tiles", static_cast<long long>(l.job_tiles(j)), "bytes",
-                                  static_cast<long long>(l.bytes[j]), "max_tile_bytes",
-                                  static_cast<long long>(l.max_tile_bytes[j]), "inflight_bytes",
-                                  static_cast<long long>(l.inflight_bytes[j]));
-    PyList_Append(jobs, job);
-    Py_DECREF(job);
-  }
-  PyObject* d = Py_BuildValue("{s:s,s:L,s:i,s:L,s:i,s:L,s:N}", "kernel", kernel_name(l.kernel), "grid",
-                              static_cast<long long>(l.grid), "threads", l.threads, "smem_bytes",
-                              static_cast<long long>(l.smem_bytes), "ctas_per_sm", l.ctas_per_sm,
-                              "tiles", static_cast<long long>(l.tiles), "jobs", jobs);
-  return d;
+LaunchInfo launch_info(const Launch& l) {
+  LaunchInfo info{kernel_name(l.kernel), l.grid, l.threads, l.smem_bytes, l.ctas_per_sm, l.tiles, {}};
+  for (int j = 0; j < l.num_jobs; ++j)
+    info.jobs.push_back({job_kind(l, j), l.vec(j), l.job_tiles(j), l.bytes[j], l.max_tile_bytes[j],
+                         l.inflight_bytes[j]});
+  return info;
 }
 
 int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
@@ -133,48 +115,13 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
 
 }  // namespace
 
-// gpu_launches(op, dims, device=None): op as launches_for above; device: DeviceSpec fields (launch.h), H200 by
-// default; registers as regs_rows, regs_save_heads, regs_cols, or
-// regs_per_thread for all three. Returns one dict per launch: kernel, grid, threads, smem_bytes,
-// ctas_per_sm, tiles, jobs (kind, vec, tiles, bytes, max_tile_bytes,
-// inflight_bytes).
-PyObject* gpu_launches_py(PyObject*, PyObject* args) {
-  const char* op = nullptr;
-  PyObject* dims_obj = nullptr;
-  PyObject* device = nullptr;
-  if (!PyArg_ParseTuple(args, "sO|O", &op, &dims_obj, &device)) return nullptr;
-  PyObject* seq = PySequence_Fast(dims_obj, "gpu_launches: dims must be a sequence of ints");
-  if (seq == nullptr) return nullptr;
-  std::vector<int64_t> dims;
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-    const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-    if (v == -1 && PyErr_Occurred()) {
-      Py_DECREF(seq);
-      return nullptr;
-    }
-    if (v <= 0) {
-      Py_DECREF(seq);
-      PyErr_SetString(PyExc_ValueError, "gpu_launches: dims must be positive");
-      return nullptr;
-    }
-    dims.push_back(v);
-  }
-  Py_DECREF(seq);
-  DeviceSpec dev;
-  if (!read_device(device, &dev)) return nullptr;
-  try {
-    const std::vector<Launch> launches = launches_for(op, dims, dev);
-    PyObject* list = PyList_New(0);
-    for (const Launch& l : launches) {
-      PyObject* d = launch_dict(l);
-      PyList_Append(list, d);
-      Py_DECREF(d);
-    }
-    return list;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-    return nullptr;
-  }
+std::vector<LaunchInfo> gpu_launches(const std::string& op, const std::vector<int64_t>& dims,
+                                     const DeviceFields& device) {
+  for (int64_t d : dims)
+    if (d <= 0) throw std::invalid_argument("gpu_launches: dims must be positive");
+  std::vector<LaunchInfo> infos;
+  for (const Launch& l : launches_for(op, dims, device_spec(device))) infos.push_back(launch_info(l));
+  return infos;
 }
 
 }  // namespace flashmla_perm

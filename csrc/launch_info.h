@@ -1,13 +1,46 @@
 // flashmla_perm._C.gpu_launches: the CUDA executor's launches for a model
 // op, computed by launch.h on this host (CPU builds too), for
-// bench/gpu_model.py and the tests.
+// bench/gpu_model.py and the tests. Plain C++ here: module.cpp, the one
+// translation unit that includes pybind11, turns these into Python dicts.
 #pragma once
 
-#include <Python.h>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace flashmla_perm {
 
-// gpu_launches(op, dims, device=None) -> list of dicts (see launch_info.cpp).
-PyObject* gpu_launches_py(PyObject* self, PyObject* args);
+// One job of a launch: its tile kind and the performance model's figures.
+struct JobInfo {
+  const char* kind;  // "rows", "save_heads", "cols_staged" or "cols_direct"
+  int vec;
+  int64_t tiles;
+  int64_t bytes;
+  int64_t max_tile_bytes;
+  int64_t inflight_bytes;
+};
+
+// One kernel launch, as the CUDA executor would make it.
+struct LaunchInfo {
+  const char* kernel;  // "rows", "save_heads" or "cols"
+  int64_t grid;
+  int threads;
+  int64_t smem_bytes;
+  int ctas_per_sm;
+  int64_t tiles;
+  std::vector<JobInfo> jobs;
+};
+
+// DeviceSpec fields (launch.h) by name; the ones absent keep the H200's.
+// Registers per thread as regs_rows, regs_save_heads, regs_cols, or
+// regs_per_thread for all three. Other names are ignored.
+using DeviceFields = std::map<std::string, int64_t>;
+
+// The launches apply.cpp makes for `op` on tensors of `dims` (see
+// launch_info.cpp for each op's dims). Throws std::invalid_argument on an
+// unknown op, a wrong number of dims or a dim that is not positive.
+std::vector<LaunchInfo> gpu_launches(const std::string& op, const std::vector<int64_t>& dims,
+                                     const DeviceFields& device);
 
 }  // namespace flashmla_perm

@@ -1,13 +1,21 @@
 // The Python module flashmla_perm._C: importing it registers the ops (static
-// initializers in ops.cpp) and exposes what was built. Plain CPython API, so
-// no translation unit pays for pybind11.
-#include <Python.h>
+// initializers in ops.cpp, on TORCH_LIBRARY) and exposes what was built and a
+// few helpers for the tests and the benchmarks. The only translation unit
+// that includes pybind11 (its headers cost every file that includes them
+// seconds of build time): the helpers' code elsewhere speaks plain C++.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
-#include "apply.h"
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// Plain C++ headers only: ATen's would double this file's build time.
+#include "counters.h"
 #include "launch_info.h"
-#include "perm_cache.h"
 #include "overlap.h"
-#include "plan_cache.h"
 
 #ifndef FLASHMLA_PERM_CUDA_ARCHS
 #define FLASHMLA_PERM_CUDA_ARCHS ""
@@ -24,85 +32,115 @@
 
 namespace {
 
+namespace py = pybind11;
+namespace fp = flashmla_perm;
+
 #ifdef FLASHMLA_PERM_WITH_CUDA
 constexpr bool kWithCuda = true;
 #else
 constexpr bool kWithCuda = false;
 #endif
 
-PyObject* build_info(PyObject*, PyObject*) {
+py::dict build_info() {
   // The stamp lies in the binary as one literal: flashmla_perm/_ops.py reads
   // it from the file when the module fails to load (built for another torch).
   static const char stamp[] = "flashmla_perm built for torch " FLASHMLA_PERM_TORCH_BUILD;
-  return Py_BuildValue("{s:O,s:s,s:s,s:s,s:s}", "cuda", kWithCuda ? Py_True : Py_False,
-                       "cuda_archs", FLASHMLA_PERM_CUDA_ARCHS, "torch", FLASHMLA_PERM_TORCH_VERSION,
-                       "cuda_off_reason", kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON, "stamp",
-                       stamp);
+  py::dict d;
+  d["cuda"] = kWithCuda;
+  d["cuda_archs"] = FLASHMLA_PERM_CUDA_ARCHS;
+  d["torch"] = FLASHMLA_PERM_TORCH_VERSION;
+  d["cuda_off_reason"] = kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON;
+  d["stamp"] = stamp;
+  return d;
 }
 
-PyObject* path_counts(PyObject*, PyObject*) {
-  using flashmla_perm::Path;
-  using flashmla_perm::path_count;
-  return Py_BuildValue("{s:L,s:L,s:L}", "cpu", static_cast<long long>(path_count(Path::kCpu)),
-                       "cuda", static_cast<long long>(path_count(Path::kCuda)), "aten",
-                       static_cast<long long>(path_count(Path::kAten)));
+py::dict path_counts() {
+  py::dict d;
+  d["cpu"] = fp::path_count(fp::Path::kCpu);
+  d["cuda"] = fp::path_count(fp::Path::kCuda);
+  d["aten"] = fp::path_count(fp::Path::kAten);
+  return d;
 }
 
-PyObject* cached_plans(PyObject*, PyObject*) {
-  return PyLong_FromLongLong(flashmla_perm::cached_plan_count());
+py::dict plan_stats() {
+  py::dict d;
+  d["model_plans"] = fp::cached_plan_count();
+  d["prepared"] = fp::prepared_count();
+  d["built"] = fp::plans_built();
+  return d;
 }
 
-PyObject* plan_stats(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:L,s:L,s:L}", "model_plans",
-                       static_cast<long long>(flashmla_perm::cached_plan_count()), "prepared",
-                       static_cast<long long>(flashmla_perm::prepared_count()), "built",
-                       static_cast<long long>(flashmla_perm::plans_built()));
+void clear_plan_caches() {
+  fp::clear_model_plans();
+  fp::clear_prepared();
 }
 
-PyObject* clear_plan_caches(PyObject*, PyObject*) {
-  flashmla_perm::clear_model_plans();
-  flashmla_perm::clear_prepared();
-  Py_RETURN_NONE;
+// gpu_launches: launch_info.h's structs as dicts, one per launch, its jobs a
+// list of dicts (bench/gpu_model.py and the tests read these keys).
+py::dict job_dict(const fp::JobInfo& j) {
+  py::dict d;
+  d["kind"] = j.kind;
+  d["vec"] = j.vec;
+  d["tiles"] = j.tiles;
+  d["bytes"] = j.bytes;
+  d["max_tile_bytes"] = j.max_tile_bytes;
+  d["inflight_bytes"] = j.inflight_bytes;
+  return d;
 }
 
-// byte_overlap(a, b=None): csrc/overlap.h on layouts (offset, element_size,
-// ((size, pitch), ...)) in bytes, b None for a's self-overlap; "no", "yes" or
-// "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.
-PyObject* byte_overlap(PyObject*, PyObject* args) {
-  auto parse = [](PyObject* o, flashmla_perm::ByteLayout* t) {
-    PyObject* dims = nullptr;
-    long long offset = 0, element_size = 0, size = 0, pitch = 0;
-    if (!PyArg_ParseTuple(o, "LLO!", &offset, &element_size, &PyTuple_Type, &dims)) return false;
-    *t = {static_cast<int64_t>(offset), static_cast<int64_t>(element_size), {}};
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(dims); ++i) {
-      if (!PyArg_ParseTuple(PyTuple_GET_ITEM(dims, i), "LL", &size, &pitch)) return false;
-      t->dims.push_back({static_cast<int64_t>(size), static_cast<int64_t>(pitch)});
-    }
-    return true;
-  };
-  PyObject *a_obj = nullptr, *b_obj = Py_None;
-  flashmla_perm::ByteLayout a{}, b{};
-  if (!PyArg_ParseTuple(args, "O|O", &a_obj, &b_obj) || !parse(a_obj, &a) || (b_obj != Py_None && !parse(b_obj, &b)))
-    return nullptr;
-  const auto o = b_obj == Py_None ? flashmla_perm::self_overlap(a) : flashmla_perm::overlap(a, b);
+py::dict launch_dict(const fp::LaunchInfo& l) {
+  py::list jobs;
+  for (const fp::JobInfo& j : l.jobs) jobs.append(job_dict(j));
+  py::dict d;
+  d["kernel"] = l.kernel;
+  d["grid"] = l.grid;
+  d["threads"] = l.threads;
+  d["smem_bytes"] = l.smem_bytes;
+  d["ctas_per_sm"] = l.ctas_per_sm;
+  d["tiles"] = l.tiles;
+  d["jobs"] = jobs;
+  return d;
+}
+
+py::list gpu_launches(const std::string& op, const std::vector<int64_t>& dims,
+                      const std::optional<fp::DeviceFields>& device) {
+  py::list launches;
+  for (const fp::LaunchInfo& l : fp::gpu_launches(op, dims, device.value_or(fp::DeviceFields{})))
+    launches.append(launch_dict(l));
+  return launches;
+}
+
+// byte_overlap's layouts: (offset, element_size, ((size, pitch), ...)), bytes.
+using PyLayout = std::tuple<int64_t, int64_t, std::vector<std::pair<int64_t, int64_t>>>;
+
+fp::ByteLayout byte_layout(const PyLayout& t) {
+  fp::ByteLayout layout{std::get<0>(t), std::get<1>(t), {}};
+  for (const auto& [size, pitch] : std::get<2>(t)) layout.dims.push_back({size, pitch});
+  return layout;
+}
+
+std::string byte_overlap(const PyLayout& a, const std::optional<PyLayout>& b) {
+  const fp::Overlap o = b ? fp::overlap(byte_layout(a), byte_layout(*b)) : fp::self_overlap(byte_layout(a));
   static const char* const names[] = {"no", "yes", "unknown"};
-  return PyUnicode_FromString(names[static_cast<int>(o)]);
+  return names[static_cast<int>(o)];
 }
-
-PyMethodDef methods[] = {
-    {"build_info", build_info, METH_NOARGS, "What this module was built with."},
-    {"path_counts", path_counts, METH_NOARGS, "Calls served by each path (cpu, cuda, aten)."},
-    {"cached_plans", cached_plans, METH_NOARGS, "Model-level plans held by the cache."},
-    {"plan_stats", plan_stats, METH_NOARGS,
-     "model_plans and prepared (permutations) held by the caches; plans built since load."},
-    {"clear_plan_caches", clear_plan_caches, METH_NOARGS, "Empties the plan caches (tests)."},
-    {"gpu_launches", flashmla_perm::gpu_launches_py, METH_VARARGS,
-     "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op."},
-    {"byte_overlap", byte_overlap, METH_VARARGS, "byte_overlap(a, b=None): csrc/overlap.h's answer."},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "flashmla_perm native ops", -1, methods};
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&module); }
+// PyInit__C, as setup.py and CMakeLists.txt name the module.
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "flashmla_perm native ops";
+  m.def("build_info", &build_info, "What this module was built with.");
+  m.def("path_counts", &path_counts, "Calls served by each path (cpu, cuda, aten).");
+  m.def("cached_plans", &fp::cached_plan_count, "Model-level plans held by the cache.");
+  m.def("plan_stats", &plan_stats,
+        "model_plans and prepared (permutations) held by the caches; plans built since load.");
+  m.def("clear_plan_caches", &clear_plan_caches, "Empties the plan caches (tests).");
+  m.def("gpu_launches", &gpu_launches, py::arg("op"), py::arg("dims"), py::arg("device") = py::none(),
+        "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op "
+        "(csrc/launch_info.h); device: DeviceSpec fields by name, an H200's by default.");
+  // csrc/overlap.h on byte layouts, b None for a's self-overlap: "no", "yes"
+  // or "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.
+  m.def("byte_overlap", &byte_overlap, py::arg("a"), py::arg("b") = py::none(),
+        "byte_overlap(a, b=None): csrc/overlap.h's answer.");
+}

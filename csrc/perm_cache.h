@@ -19,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "counters.h"  // prepared_count, clear_prepared
 #include "plan_cache.h"
 
 namespace flashmla_perm {
@@ -72,10 +73,5 @@ class CallPerm {
 // prepared; errors name `op` and raise before anything moves.
 CallPerm prepared_permutation(const at::Tensor& perm, int64_t extent, const at::Device& device,
                               const char* op);
-
-// Prepared permutations held (bounded by kPlanCacheCapacity each way), and
-// emptying both caches (tests of the bound).
-int64_t prepared_count();
-void clear_prepared();
 
 }  // namespace flashmla_perm

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "counters.h"  // cached_plan_count, plans_built, clear_model_plans
 #include "plan.h"
 
 namespace flashmla_perm {
@@ -59,14 +60,7 @@ std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads,
 // read its device arrays long after the call that captured them.
 void keep_for_graphs(std::shared_ptr<const void> entry);
 
-// Entries held by the model-plan caches (for tests of the bound).
-int64_t cached_plan_count();
+// Bound of each model-plan cache; counters.h has the counts and the clear.
 constexpr int64_t kPlanCacheCapacity = 64;
-// Row and column plans built since the module loaded, cached or not (a cache
-// hit builds none: tests count them).
-int64_t plans_built();
-// Empties the model-plan caches (tests of the bound; plans in use or kept for
-// CUDA graphs live on).
-void clear_model_plans();
 
 }  // namespace flashmla_perm
