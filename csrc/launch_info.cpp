@@ -58,6 +58,8 @@ int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
 // The views apply.cpp makes (csrc/strided.h), and their launches.
 std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_t scale_words, bool mn_major,
                                   const DeviceSpec& dev) {
+  if (rows % heads != 0 || k % 32 != 0)
+    throw std::invalid_argument("gpu_launches: wq_b needs rows a multiple of num_local_heads and k of 32");
   const RowPlan plan = make_row_plan(q_fused_permutation(heads, rows / heads));
   // fp8 weight [rows, k]; scale: uint8 [rows, k / 32], or int32 [rows, W] MN-major (strides (1, align4(rows))).
   const std::vector<UnitView> w = unit_views(fake_address(0), {rows, k}, plan.unit_rows, {{k, 1}}, 1);
@@ -70,6 +72,8 @@ std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_
 
 std::vector<Launch> wo_a_launches(int64_t groups, int64_t out, int64_t cols, int64_t group, bool packed,
                                   const DeviceSpec& dev) {
+  if (cols % group != 0 || cols % (packed ? 128 : 32) != 0)
+    throw std::invalid_argument("gpu_launches: wo_a needs cols a multiple of heads_per_group and of 32 (128 packed)");
   const int64_t rows = groups * out;
   const ColPlan w = make_col_plan(o_fused_permutation(group, cols / group), 1);
   const ColPlan s = make_col_plan(o_fused_chunk_permutation(group, cols / group), 1);

@@ -207,7 +207,18 @@ std::vector<int64_t> permutation_of(const ColPlan& plan) { return values_of(plan
 bool applies(const RowPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
 bool applies(const ColPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
 
+namespace {
+// The layouts are only defined for these shapes; outside them the formulas
+// would index past the end (the ops check first; gpu_launches relies on this).
+void check_shape(bool ok, const char* what, int64_t heads, int64_t head_dim) {
+  if (!ok)
+    throw std::invalid_argument(std::string(what) + ": heads (" + std::to_string(heads) + ") must be positive and head_dim (" +
+                                std::to_string(head_dim) + ") a positive multiple of the layout's block");
+}
+}  // namespace
+
 std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim) {
+  check_shape(num_heads > 0 && head_dim > 0 && head_dim % 16 == 0, "q_fused_permutation", num_heads, head_dim);
   // fused[(d / 16) * (H * 16) + h * 16 + d % 16] = standard[h * D + d]
   std::vector<int64_t> perm(static_cast<size_t>(num_heads * head_dim));
   for (int64_t h = 0; h < num_heads; ++h)
@@ -217,6 +228,8 @@ std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim) {
 }
 
 std::vector<int64_t> o_fused_permutation(int64_t heads_per_group, int64_t head_dim) {
+  check_shape(heads_per_group > 0 && head_dim > 0 && head_dim % 32 == 0, "o_fused_permutation", heads_per_group,
+              head_dim);
   // fused[(c * G + h) * 32 + j] = standard[h * D + c * 32 + j]
   std::vector<int64_t> perm(static_cast<size_t>(heads_per_group * head_dim));
   for (int64_t h = 0; h < heads_per_group; ++h)

@@ -276,3 +276,13 @@ def test_measured_round_trip(tmp_path):
     assert "meas us" in proc.stdout
     for k, v in altered.items():
         assert fit["fitted"][k] == pytest.approx(v, rel=0.02), (k, fit)
+
+
+@needs_native
+@pytest.mark.parametrize("op,dims", [("wq_b", [100, 64, 3]), ("wq_b", [96, 40, 3]), ("wo_a", [8, 100, 4]),
+                                     ("wv_packed", [2, 8, 96, 3]), ("permute_q", [4, 2, 24, 2])])
+def test_gpu_launches_refuse_shapes_the_layouts_do_not_define(op, dims):
+    """Shapes outside the model's layouts raise (they once indexed past the
+    end of the permutation being built)."""
+    with pytest.raises(ValueError):
+        _ops._C.gpu_launches(op, dims, {})
