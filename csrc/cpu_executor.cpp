@@ -76,8 +76,11 @@ void run_cols_cpu(const ColView& view, const ColPlan& plan) {
   int64_t buffer_bytes = 0;
   const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
   // Host loads and stores need no alignment: move whole chunks.
+  // In place, the buffers in flight are the call's extra memory: bounded.
+  // Out of place the call allocates its whole output anyway: every thread.
+  const int64_t grain = view.src == view.dst ? cpu_grain(p.tiles, buffer_bytes) : 1;
   with_chunk_bytes(p.vec, [&](auto v) {
-    at::parallel_for(0, p.tiles, cpu_grain(p.tiles, buffer_bytes), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, p.tiles, grain, [&](int64_t begin, int64_t end) {
       SerialCtx ctx;
       Buffer buf(buffer_bytes);
       for (int64_t t = begin; t < end; ++t) col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data);

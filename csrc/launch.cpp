@@ -55,15 +55,12 @@ RowJob row_job(const UnitView& v, const RowPlan& plan, const int32_t* index, int
   p.tail = p.first + plan.num_segments + 1;
   p.num_scratch = plan.num_scratch;
   p.scratch = nullptr;
-  p.slice_lines = slice_lines;
-  p.slice_bytes = slice_bytes;
-  p.line_tiles = ceil_div(v.lines, slice_lines);
-  p.byte_tiles = ceil_div(v.line_bytes, slice_bytes);
   p.step = step;
-  p.tiles = plan.num_segments * p.line_tiles * p.byte_tiles;
-  p.head_tiles = plan.num_scratch * p.line_tiles * p.byte_tiles;
   p.vec = vector_width({reinterpret_cast<int64_t>(v.data), v.unit_stride, pitches_of(v.line_at, v.lines),
                         v.line_bytes, slice_bytes});
+  set_row_slices(p, slice_lines, slice_bytes);
+  p.tiles = plan.num_segments * p.line_tiles * p.byte_tiles;
+  p.head_tiles = plan.num_scratch * p.line_tiles * p.byte_tiles;
   return p;
 }
 
@@ -98,6 +95,20 @@ const char* kernel_name(Kernel k) {
     case Kernel::kSaveHeads: return "save_heads";
     default: return "cols";
   }
+}
+
+void set_row_slices(RowJob& p, int64_t slice_lines, int64_t slice_bytes) {
+  p.slice_lines = slice_lines;
+  p.slice_bytes = slice_bytes;
+  p.line_tiles = ceil_div(p.lines, slice_lines);
+  p.byte_tiles = ceil_div(p.line_bytes, slice_bytes);
+  // The last slice of a line or of a unit's lines may be narrower.
+  const int64_t last_bytes = p.line_bytes - (p.byte_tiles - 1) * slice_bytes;
+  const int64_t last_lines = p.lines - (p.line_tiles - 1) * slice_lines;
+  p.per_line_div[0] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, slice_bytes / p.vec)));
+  p.per_line_div[1] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, last_bytes / p.vec)));
+  p.lines_div[0] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, slice_lines)));
+  p.lines_div[1] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, last_lines)));
 }
 
 Lines lines_1d(int64_t count, int64_t pitch) {

@@ -117,6 +117,10 @@ struct Launch {
   int vec(int j) const;
 };
 
+// A row job's slices: slice_lines x slice_bytes, the tile counts across a
+// unit, and the divisors of its items' digits. p.vec must divide slice_bytes.
+void set_row_slices(RowJob& p, int64_t slice_lines, int64_t slice_bytes);
+
 // Scratch of job j (from its scratch_bytes) for every launch that uses it.
 void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch);
 

@@ -67,7 +67,8 @@ std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_
       mn_major ? unit_views(fake_address(1), {rows, 4}, plan.unit_rows, {{scale_words, 4 * align4(rows)}}, 4)
                : unit_views(fake_address(1), {rows, k / 32}, plan.unit_rows, {{k / 32, 1}}, 1);
   const UnitView views[] = {w.front(), s.front()};
-  return gpu_row_launches(views, 2, plan, nullptr, dev);
+  // A stand-in for the plan's device array too (its parts are offsets into it).
+  return gpu_row_launches(views, 2, plan, reinterpret_cast<const int32_t*>(fake_address(2)), dev);
 }
 
 std::vector<Launch> wo_a_launches(int64_t groups, int64_t out, int64_t cols, int64_t group, bool packed,

@@ -2,6 +2,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <stdexcept>
 #include <utility>
 
 #include "bounded_cache.h"
@@ -24,7 +25,12 @@ std::shared_ptr<const RowPlanEntry> PreparedPerm::rows(const int64_t* values) co
   std::lock_guard<std::mutex> lock(mu_);
   if (!rows_) {
     std::vector<int64_t> read_back;
-    rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_));
+    try {
+      rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_));
+    } catch (const std::invalid_argument& e) {  // over 2^31 - 1 units: the ops' ValueError
+      TORCH_CHECK_VALUE(false, e.what());
+      throw;
+    }
   }
   return rows_;
 }

@@ -31,7 +31,8 @@ int64_t block_size(const int64_t* perm, int64_t n);
 // into segments first, whole cycles after), each segment's first position
 // (and one past the last: a segment ends where the next begins), and each
 // cut segment's tail slot. It is the plan's only per-index memory (4 bytes
-// per moved unit), and its device copy is that array as is. A plan keeps no
+// per moved unit, plus 4 per segment and 4 per cut segment: up to 6 bytes per
+// unit for a permutation of 2-cycles), and its device copy is that array as is. A plan keeps no
 // copy of `perm`: permutation_of rebuilds it where needed.
 struct RowPlan {
   int64_t size = 0;        // indices of the permuted dim

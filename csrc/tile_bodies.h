@@ -108,22 +108,25 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const 
   return v;
 }
 
-// n / d for n < 2^31 by a multiply and a shift (Granlund and Montgomery):
-// set up once per tile, it replaces the divide a loop would otherwise do per
-// item (nvcc recomputes a runtime divisor's reciprocal each time, about 20
-// instructions). m = ceil(2^(31 + s) / d) with 2^s >= d, so the rounding
-// error n * (m * d - 2^(31 + s)) stays under 2^(31 + s).
+// n / d for n < 2^31 by a multiply and a shift (Granlund and Montgomery),
+// set up on the host (launch.cpp) so that a loop does no divide per item
+// (nvcc recomputes a runtime divisor's reciprocal each time, about 20
+// instructions). m = ceil(2^(31 + s) / d) with 2^s >= d > 2^(s - 1), which is
+// under 2^32, and the rounding error n * (m * d - 2^(31 + s)) stays under
+// 2^(31 + s). The items of a tile number under kGpuTileBudget / V < 2^31.
 struct FastDiv {
-  uint64_t m;
-  int shift;
-  uint32_t d;
-  FLASHMLA_PERM_HOST_DEVICE explicit FastDiv(uint32_t divisor) : d(divisor) {
+  uint32_t m = 1u << 31;  // d = 1
+  int shift = 31;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t d) {
     int s = 0;
-    while ((uint64_t{1} << s) < divisor) ++s;
+    while ((uint64_t{1} << s) < d) ++s;
     shift = 31 + s;
-    m = ((uint64_t{1} << shift) + divisor - 1) / divisor;
+    m = static_cast<uint32_t>(((uint64_t{1} << shift) + d - 1) / d);
   }
-  FLASHMLA_PERM_HOST_DEVICE uint32_t div(uint32_t n) const { return static_cast<uint32_t>((n * m) >> shift); }
+  FLASHMLA_PERM_HOST_DEVICE uint32_t div(uint32_t n) const {
+    return static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> shift);
+  }
 };
 
 // Parallel contexts: item i < total is V bytes; addr(i, buf, src) says where
@@ -258,6 +261,10 @@ struct RowJob {
   int64_t tiles;          // segments * line_tiles * byte_tiles
   int64_t head_tiles;     // tiles of the save pass: scratch segments * line_tiles * byte_tiles
   int vec;                // vector width V
+  // A tile's vectors per line and lines, as divisors for its items' digits:
+  // [0] for full slices, [1] for the last one (set_row_slices).
+  FastDiv per_line_div[2];
+  FastDiv lines_div[2];
 };
 
 // Tile buffer a row tile needs: the tail source plus up to `step` sources,
@@ -297,7 +304,7 @@ FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t til
       std::memcpy(dst + l * p.line_bytes, src + p.line_at.offset(g.line0 + l), static_cast<size_t>(g.width));
   } else {
     const uint32_t per_line = static_cast<uint32_t>(g.width / V);
-    const FastDiv by_line(per_line);
+    const FastDiv by_line = g.width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
     const int64_t sbytes = p.line_bytes;
     store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, [&](uint32_t i, uint8_t*& d) {
       const uint32_t l = by_line.div(i);
@@ -343,7 +350,10 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     // writing k0..k0+step-1 never reads a byte this tile already overwrote.
     const uint32_t per_line = static_cast<uint32_t>(width / V);
     const uint32_t per_buf = static_cast<uint32_t>(g.nl) * per_line;
-    const FastDiv by_line(per_line), by_buf(per_buf);  // the items' digits, without a divide each
+    const uint32_t nl = static_cast<uint32_t>(g.nl);
+    // Item i is vector c of line l of buffer j: i / per_line = j * nl + l.
+    const FastDiv by_line = width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
+    const FastDiv by_lines = g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
     const int64_t buf_bytes = g.nl * width;
     const int64_t sbytes = p.line_bytes;
     for (int64_t k0 = 0; k0 < len; k0 += p.step) {
@@ -352,21 +362,21 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
       const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
       stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
                      [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-                       const uint32_t q = by_buf.div(i);
-                       const uint32_t j = static_cast<uint32_t>(first) + q;
-                       const uint32_t r = i - q * per_buf;
-                       const uint32_t l = by_line.div(r);
-                       const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
+                       const uint32_t line = by_line.div(i);
+                       const uint32_t jj = by_lines.div(line);
+                       const uint32_t j = static_cast<uint32_t>(first) + jj;
+                       const uint32_t l = line - jj * nl;
+                       const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
                        b = buf + j * buf_bytes + l * width + c;
                        s = unit(pos[j == 0 ? 0 : k0 + j]) + p.line_at.offset(g.line0 + l) + c;
                      });
       ctx.stage_wait();
       ctx.sync();
       store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf, [&](uint32_t i, uint8_t*& d) {
-        const uint32_t ii = by_buf.div(i);
-        const uint32_t r = i - ii * per_buf;
-        const uint32_t l = by_line.div(r);
-        const int64_t c = static_cast<int64_t>(r - l * per_line) * V;
+        const uint32_t line = by_line.div(i);
+        const uint32_t ii = by_lines.div(line);
+        const uint32_t l = line - ii * nl;
+        const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
         const int64_t k = k0 + ii;
         d = unit(pos[k]) + p.line_at.offset(g.line0 + l) + c;
         if (k + 1 < len) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);

@@ -1,8 +1,9 @@
 """The row engine where small tensors never take it: cycles longer than a
 segment (scratch), units of several lines, and units cut into tiles across
 their lines and across the bytes of each line. The CPU executor cuts a unit
-into tiles only past its 512 KiB budget, so these tensors are tens of MiB:
-the smallest that reach each path. Byte for byte against the reference,
+into tiles only past its 128 KiB tile budget (csrc/launch.cpp,
+kCpuRowBudget), so these tensors are tens of MiB: large enough to reach each
+path (sized when that budget was 512 KiB). Byte for byte against the reference,
 random bytes, on every device (the GPU planner slices far smaller units,
 which the tile harness covers too).
 
@@ -21,7 +22,7 @@ from conftest import DEVICES, assert_same_bytes, expect_path, random_tensor
 # Mirrors of the figures that decide the path (csrc/plan.h, csrc/launch.cpp):
 # a test that no longer reaches it fails here rather than passing vacuously.
 K_MAX_SEGMENT = 64
-CPU_ROW_BUDGET = 512 * 1024
+CPU_ROW_BUDGET = 128 * 1024  # kCpuRowBudget: kCpuStagingBudget / 4
 
 
 def cpu_row_tiles(lines, line_bytes):
@@ -88,7 +89,7 @@ def check(base, view_of, perm, dim, device):
 def test_long_cycles_of_two_line_units_with_sliced_lines(device, perm_kind, gen):
     """[70, 2, 266240] as a transpose of [2, 70, 266240]: a unit (index of
     dim 0) is 2 lines of 266240 bytes, 70 * 266240 apart; the CPU cuts each
-    line into 2 slices, so a tile reads scratch lines a whole line apart
+    line into slices (5 of them), so a tile reads scratch lines a whole line apart
     while it writes only a slice of each."""
     n, lines, line_bytes = 70, 2, 266240
     base = random_tensor((lines, n, line_bytes), torch.uint8, device, gen)

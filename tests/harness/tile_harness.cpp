@@ -116,10 +116,8 @@ void run_rows_serial(const fp::UnitView& view, const fp::RowPlan& plan, int64_t 
   if (plan.num_segments == 0) return;
   int64_t buffer_bytes = 0;
   fp::RowJob p = fp::cpu_row_job(view, plan, &buffer_bytes);
-  if (slice_lines > 0) p.slice_lines = std::min(p.slice_lines, slice_lines);
-  if (slice_bytes > 0) p.slice_bytes = std::min(p.slice_bytes, slice_bytes);
-  p.line_tiles = (p.lines + p.slice_lines - 1) / p.slice_lines;
-  p.byte_tiles = (p.line_bytes + p.slice_bytes - 1) / p.slice_bytes;
+  fp::set_row_slices(p, slice_lines > 0 ? std::min(p.slice_lines, slice_lines) : p.slice_lines,
+                     slice_bytes > 0 ? std::min(p.slice_bytes, slice_bytes) : p.slice_bytes);
   p.tiles = plan.num_segments * p.line_tiles * p.byte_tiles;
   p.head_tiles = plan.num_scratch * p.line_tiles * p.byte_tiles;
   std::vector<uint8_t> scratch(plan.num_scratch * view.lines * view.line_bytes + 1);
@@ -304,13 +302,11 @@ fp::DeviceSpec small_device() {
 void shrink(fp::Launch& l, int64_t slice_lines, int64_t slice_bytes, int64_t step) {
   for (int j = 0; j < l.num_jobs; ++j) {
     fp::RowJob& p = l.rows[j];
-    if (slice_bytes < p.slice_bytes && slice_bytes % p.vec == 0) p.slice_bytes = slice_bytes;
-    p.slice_lines = std::min(p.slice_lines, slice_lines);
     p.step = std::min(p.step, step);
     const int64_t segments = p.tiles / (p.line_tiles * p.byte_tiles);
     const int64_t heads = p.head_tiles / (p.line_tiles * p.byte_tiles);
-    p.line_tiles = (p.lines + p.slice_lines - 1) / p.slice_lines;
-    p.byte_tiles = (p.line_bytes + p.slice_bytes - 1) / p.slice_bytes;
+    fp::set_row_slices(p, std::min(p.slice_lines, slice_lines),
+                       slice_bytes < p.slice_bytes && slice_bytes % p.vec == 0 ? slice_bytes : p.slice_bytes);
     p.tiles = segments * p.line_tiles * p.byte_tiles;
     p.head_tiles = heads * p.line_tiles * p.byte_tiles;
     l.smem_bytes = std::max(l.smem_bytes, (p.step + 1) * p.slice_lines * p.slice_bytes);
