@@ -54,6 +54,7 @@ RowJob row_job(const UnitView& v, const RowPlan& plan, const int32_t* index, int
   p.first = index + plan.moved;
   p.tail = p.first + plan.num_segments + 1;
   p.num_scratch = plan.num_scratch;
+  p.num_packed = plan.num_packed;
   p.scratch = nullptr;
   p.step = step;
   p.vec = vector_width({reinterpret_cast<int64_t>(v.data), v.unit_stride, pitches_of(v.line_at, v.lines),

@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
@@ -58,11 +59,11 @@ int64_t segments_of(int64_t len, int64_t max_segment) {
 
 }  // namespace
 
-RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment) {
-  return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment);
+RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment, int64_t pack_above) {
+  return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment, pack_above);
 }
 
-RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment) {
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64_t pack_above) {
   RowPlan plan;
   plan.size = n;
   const int64_t g = block_size(perm, n);
@@ -77,26 +78,57 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment) {
 
   // Two walks over the cycles: the first sizes the array exactly (it is the
   // plan's only per-index memory: no vector growth, no second copy), the
-  // second fills it. Cycles cut into segments go first: their segments own
-  // the scratch slots [0, num_scratch).
+  // second fills it. Cut cycles go first (their segments own the scratch
+  // slots [0, num_scratch)), then the packed short cycles by length, then
+  // whole cycles.
+  const int64_t pack_len = std::min<int64_t>(max_segment, kMaxSegment);  // a packed tile's 64-bit end mask
+  auto is_short = [&](int64_t len) { return 2 * len <= pack_len; };
+  std::vector<int64_t> short_count(static_cast<size_t>(pack_len / 2 + 1), 0);
   std::vector<bool> done;
-  int64_t cut_moved = 0;
+  int64_t cut_moved = 0, num_short = 0;
   for_each_cycle(perm, unit, units, done, [&](int64_t, int64_t len) {
     plan.moved += len;
-    plan.num_segments += segments_of(len, max_segment);
-    if (len <= max_segment) return;
-    cut_moved += len;
-    plan.num_scratch += segments_of(len, max_segment);
+    if (len > max_segment) {
+      cut_moved += len;
+      plan.num_scratch += segments_of(len, max_segment);
+    } else if (is_short(len)) {
+      ++short_count[len];
+      ++num_short;
+    } else {
+      ++plan.num_segments;
+    }
   });
-  plan.index.assign(static_cast<size_t>(plan.moved + plan.num_segments + 1 + plan.num_scratch), 0);
+  const bool pack = num_short > pack_above;
+  // Packed: class c's cycles from pos_of[c], its segments from seg_of[c].
+  std::vector<int64_t> pos_of(short_count.size(), 0), seg_of(short_count.size(), 0);
+  int64_t packed_moved = 0;
+  for (size_t c = 2; c < short_count.size() && pack; ++c) {
+    pos_of[c] = cut_moved + packed_moved;
+    seg_of[c] = plan.num_scratch + plan.num_packed;
+    packed_moved += short_count[c] * static_cast<int64_t>(c);
+    plan.num_packed += (short_count[c] + pack_len / c - 1) / (pack_len / c);
+  }
+  plan.num_segments += plan.num_scratch + (pack ? plan.num_packed : num_short);
+  const int64_t words = plan.num_scratch + plan.num_packed;
+  plan.index.assign(static_cast<size_t>(plan.moved + plan.num_segments + 1 + words), 0);
   int32_t* order = plan.index.data();
   int32_t* first = order + plan.moved;
-  int32_t* tail = first + plan.num_segments + 1;
-  int64_t cut_pos = 0, whole_pos = cut_moved, cut_slot = 0, whole_slot = plan.num_scratch;
+  int32_t* word = first + plan.num_segments + 1;
+  std::vector<int64_t> written(short_count.size(), 0);
+  int64_t cut_pos = 0, whole_pos = cut_moved + packed_moved, cut_slot = 0, whole_slot = words;
   for_each_cycle(perm, unit, units, done, [&](int64_t start, int64_t len) {
-    int64_t& pos = len <= max_segment ? whole_pos : cut_pos;
+    const bool packed = pack && is_short(len);
+    int64_t& pos = len > max_segment ? cut_pos : packed ? pos_of[len] : whole_pos;
     const int64_t at = pos;
     for (int64_t k = 0, u = start; k < len; ++k, u = perm[u * unit] / unit) order[pos++] = static_cast<int32_t>(u);
+    if (packed) {
+      // A new segment every pack_len / len cycles of this length.
+      if (written[len]++ % (pack_len / len) == 0) {
+        first[seg_of[len]] = static_cast<int32_t>(at);
+        word[seg_of[len]++] = static_cast<int32_t>(len);
+      }
+      return;
+    }
     if (len <= max_segment) {
       first[whole_slot++] = static_cast<int32_t>(at);
       return;
@@ -109,7 +141,7 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment) {
     for (int64_t s = 0; s < nseg; ++s) {
       const int64_t seg_len = len / nseg + (s < len % nseg ? 1 : 0);
       first[cut_slot] = static_cast<int32_t>(seg_at);
-      tail[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);
+      word[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);
       seg_at += seg_len;
     }
   });
@@ -164,12 +196,13 @@ void each_value(const RowPlan& plan, F&& f) {
       for (int64_t r = 0; r < unit; ++r) f(u * unit + r, u * unit + r);
   // Destination order[k] <- source order[k + 1] inside a segment; its last
   // <- its own first (a whole cycle) or the next segment's first.
+  // A packed segment's cycles of length c each wrap to their own first unit.
   for (int64_t s = 0; s < plan.num_segments; ++s) {
     const int32_t* pos = order + first[s];
-    const int64_t len = plan.length(s);
-    const int64_t last_src = s < plan.num_scratch ? order[first[plan.tail()[s]]] : pos[0];
+    const int64_t len = plan.length(s), c = plan.cycle_length(s);
     for (int64_t k = 0; k < len; ++k) {
-      const int64_t src = k + 1 < len ? pos[k + 1] : last_src;
+      const bool wraps = (k + 1) % c == 0;
+      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.tail()[s]]] : pos[k + 1 - c];
       for (int64_t r = 0; r < unit; ++r) f(pos[k] * unit + r, src * unit + r);
     }
   }

@@ -27,28 +27,46 @@ void check_permutation(const int64_t* perm, int64_t n, const std::string& what);
 int64_t block_size(const int64_t* perm, int64_t n);
 
 // fused = standard[perm] along dim 0, as cycles of units cut into segments.
-// One int32 array holds it all: the moved units in cycle order (cycles cut
-// into segments first, whole cycles after), each segment's first position
-// (and one past the last: a segment ends where the next begins), and each
-// cut segment's tail slot. It is the plan's only per-index memory (4 bytes
-// per moved unit, plus 4 per segment and 4 per cut segment: up to 6 bytes per
-// unit for a permutation of 2-cycles), and its device copy is that array as is. A plan keeps no
-// copy of `perm`: permutation_of rebuilds it where needed.
+// One int32 array holds it all: the moved units in cycle order, each
+// segment's first position (and one past the last: a segment ends where the
+// next begins), and a word per cut or packed segment. Segments come in three
+// kinds, in this order:
+//   cut:    [0, num_scratch), up to kMaxSegment units of a longer cycle; its
+//           word is the scratch slot its last destination reads;
+//   packed: [num_scratch, num_scratch + num_packed), whole short cycles of one
+//           length c, as many as fit kMaxSegment units; its word is c;
+//   whole:  the rest, one cycle each.
+// Short cycles are packed only where a permutation has more than
+// `pack_above` of them (a segment start each would cost up to 2 bytes per
+// index): packing puts up to 32 cycles in one tile, which would leave a GPU's
+// SMs idle on the model ops' few hundred short cycles.
+// The array is the plan's only per-index memory: 4 bytes per moved unit,
+// plus at most 8 per segment of 32 or more units (0.25 per unit), plus
+// 4 per short cycle up to pack_above of them. Its device copy is that array
+// as is. A plan keeps no copy of `perm`: permutation_of rebuilds it.
+constexpr int64_t kPackCyclesAbove = 32 * 1024;
 struct RowPlan {
   int64_t size = 0;        // indices of the permuted dim
   int64_t unit_rows = 1;
   int64_t moved = 0;       // units in cycles
   int64_t num_segments = 0;
-  int64_t num_scratch = 0;  // segments [0, num_scratch) are cut from longer cycles; slot == index
-  std::vector<int32_t> index;  // order (moved), first (num_segments + 1), tail (num_scratch)
+  int64_t num_scratch = 0;  // cut segments; slot == index
+  int64_t num_packed = 0;   // packed segments, after the cut ones
+  std::vector<int32_t> index;  // order (moved), first (num_segments + 1), word (num_scratch + num_packed)
   const int32_t* order() const { return index.data(); }
   const int32_t* first() const { return order() + moved; }
   const int32_t* tail() const { return first() + num_segments + 1; }
   int64_t length(int64_t s) const { return first()[s + 1] - first()[s]; }
+  // Length of the cycles segment s holds (a cut segment: its own length).
+  int64_t cycle_length(int64_t s) const {
+    return s >= num_scratch && s < num_scratch + num_packed ? tail()[s] : length(s);
+  }
 };
 // Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1).
-RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment);
-RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment);
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment,
+                      int64_t pack_above = kPackCyclesAbove);
+RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment,
+                      int64_t pack_above = kPackCyclesAbove);
 
 // fused = standard[..., perm] along the last dim, for elements of
 // `element_size` bytes, as a byte gather map per destination chunk (at most

@@ -237,7 +237,8 @@ FLASHMLA_PERM_BODY void copy_lines_serial(uint8_t* dst, const Lines* dst_at, con
 // scales, and in-place column permutations too wide for a tile buffer). Destination unit order[k] receives source unit order[k + 1]
 // inside a segment; the segment's last destination receives either its own
 // first unit (the segment is a whole cycle) or the first unit of the next
-// segment, which the save pass put into scratch.
+// segment, which the save pass put into scratch. A packed segment is several
+// whole cycles of one length c, each of which wraps to its own first unit.
 //
 // A tile is one (segment, line slice, byte slice). Tiles of one segment touch
 // disjoint bytes, tiles of different segments disjoint units, so no two
@@ -250,8 +251,10 @@ struct RowJob {
   int64_t line_bytes;     // contiguous bytes of one line
   const int32_t* order;   // units in cycle order, cycle after cycle
   const int32_t* first;   // per segment: first position (and one past the last segment's end)
-  const int32_t* tail;    // per cut segment (< num_scratch): the slot its last destination reads
-  int64_t num_scratch;    // segments cut from longer cycles; later ones are whole cycles
+  const int32_t* tail;    // per cut segment (< num_scratch): the slot its last destination
+                          // reads; per packed segment (< num_scratch + num_packed): its cycles' length
+  int64_t num_scratch;    // segments cut from longer cycles
+  int64_t num_packed;     // then segments of several whole short cycles; later ones: one whole cycle
   uint8_t* scratch;       // slot s: lines x line_bytes, packed
   int64_t slice_lines;    // lines of one tile
   int64_t slice_bytes;    // bytes of each line of one tile
@@ -321,6 +324,7 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
   const int32_t* pos = p.order + p.first[g.seg];
   const int64_t len = p.first[g.seg + 1] - p.first[g.seg];
   const int64_t tail = g.seg < p.num_scratch ? p.tail[g.seg] : -1;  // -1: its own first unit
+  const int64_t cycle = g.seg >= p.num_scratch && g.seg < p.num_scratch + p.num_packed ? p.tail[g.seg] : len;
   const int64_t width = g.width;
   uint8_t* const base = p.data + g.col;
   auto unit = [&](int64_t u) { return base + u * p.unit_stride; };
@@ -328,26 +332,31 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
       tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
 
   if constexpr (Ctx::kSerial) {
-    // One thread, step 1: each unit goes straight from its source to its
-    // destination, which the previous step just read (still in cache). Only
-    // the first unit of a whole cycle needs the buffer.
+    // One thread, step 1, a cycle at a time: each unit goes straight from
+    // its source to its destination, which the previous step just read
+    // (still in cache). Only the first unit of a whole cycle needs the buffer.
     const Lines* at = &p.line_at;
     const int64_t l0 = g.line0, nl = g.nl;
-    if (tail < 0) copy_lines_serial(buf, nullptr, unit(pos[0]), at, l0, nl, width);
-    for (int64_t k = 0; k + 1 < len; ++k) copy_lines_serial(unit(pos[k]), at, unit(pos[k + 1]), at, l0, nl, width);
-    if (tail < 0) {
-      copy_lines_serial(unit(pos[len - 1]), at, buf, nullptr, l0, nl, width);
-    } else {
-      for (int64_t l = 0; l < nl; ++l)
-        std::memcpy(unit(pos[len - 1]) + at->offset(l0 + l), scratch_src + l * p.line_bytes,
-                    static_cast<size_t>(width));
+    for (const int32_t* c = pos; c < pos + len; c += cycle) {
+      if (tail < 0) copy_lines_serial(buf, nullptr, unit(c[0]), at, l0, nl, width);
+      for (int64_t k = 0; k + 1 < cycle; ++k) copy_lines_serial(unit(c[k]), at, unit(c[k + 1]), at, l0, nl, width);
+      if (tail < 0) {
+        copy_lines_serial(unit(c[cycle - 1]), at, buf, nullptr, l0, nl, width);
+      } else {
+        for (int64_t l = 0; l < nl; ++l)
+          std::memcpy(unit(c[cycle - 1]) + at->offset(l0 + l), scratch_src + l * p.line_bytes,
+                      static_cast<size_t>(width));
+      }
     }
     return;
   } else {
-    // Buffer 0: the segment's own first unit (whole cycles); buffer 1 + i:
+    // Buffer 0: the group's own first unit (whole cycles); buffer 1 + i:
     // the source of position k0 + i. A pass stages the sources of up to
     // `step` positions, then stores them; reading k0+1..k0+step before
     // writing k0..k0+step-1 never reads a byte this tile already overwrote.
+    // A group is one cycle (any number of passes), or as many whole cycles
+    // of a packed segment as one pass holds: there buffer j is unit pos[j],
+    // and a cycle's last position reads its first, buffer k + 1 - cycle.
     const uint32_t per_line = static_cast<uint32_t>(width / V);
     const uint32_t per_buf = static_cast<uint32_t>(g.nl) * per_line;
     const uint32_t nl = static_cast<uint32_t>(g.nl);
@@ -356,34 +365,43 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     const FastDiv by_lines = g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
     const int64_t buf_bytes = g.nl * width;
     const int64_t sbytes = p.line_bytes;
-    for (int64_t k0 = 0; k0 < len; k0 += p.step) {
-      const int64_t n = min_of(p.step, len - k0);          // positions stored
-      const int64_t m = min_of(p.step, len - 1 - k0);      // sources staged: k0+1 .. k0+m
-      const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
-      stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
-                     [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-                       const uint32_t line = by_line.div(i);
-                       const uint32_t jj = by_lines.div(line);
-                       const uint32_t j = static_cast<uint32_t>(first) + jj;
-                       const uint32_t l = line - jj * nl;
-                       const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
-                       b = buf + j * buf_bytes + l * width + c;
-                       s = unit(pos[j == 0 ? 0 : k0 + j]) + p.line_at.offset(g.line0 + l) + c;
-                     });
-      ctx.stage_wait();
-      ctx.sync();
-      store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf, [&](uint32_t i, uint8_t*& d) {
-        const uint32_t line = by_line.div(i);
-        const uint32_t ii = by_lines.div(line);
-        const uint32_t l = line - ii * nl;
-        const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
-        const int64_t k = k0 + ii;
-        d = unit(pos[k]) + p.line_at.offset(g.line0 + l) + c;
-        if (k + 1 < len) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);
-        if (tail < 0) return load_vec<V>(buf + l * width + c);
-        return load_vec<V>(scratch_src + l * sbytes + c);
-      });
-      ctx.sync();  // the next pass (or tile) reuses the buffers
+    const int64_t group =  // 32-bit: a 64-bit divide is a subroutine on a GPU
+        cycle * (p.step >= cycle ? static_cast<uint32_t>(p.step) / static_cast<uint32_t>(cycle) : 1);
+    for (int64_t g0 = 0; g0 < len; g0 += group) {
+      const int32_t* gp = pos + g0;
+      const int64_t glen = min_of(group, len - g0);
+      uint64_t ends = 0;  // several cycles (glen <= 64 then): bit k marks a cycle's last position
+      for (int64_t e = cycle - 1; cycle < glen && e < glen; e += cycle) ends |= uint64_t{1} << e;
+      for (int64_t k0 = 0; k0 < glen; k0 += p.step) {
+        const int64_t n = min_of(p.step, glen - k0);          // positions stored
+        const int64_t m = min_of(p.step, glen - 1 - k0);      // sources staged: k0+1 .. k0+m
+        const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
+        stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
+                       [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+                         const uint32_t line = by_line.div(i);
+                         const uint32_t jj = by_lines.div(line);
+                         const uint32_t j = static_cast<uint32_t>(first) + jj;
+                         const uint32_t l = line - jj * nl;
+                         const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
+                         b = buf + j * buf_bytes + l * width + c;
+                         s = unit(gp[j == 0 ? 0 : k0 + j]) + p.line_at.offset(g.line0 + l) + c;
+                       });
+        ctx.stage_wait();
+        ctx.sync();
+        store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf, [&](uint32_t i, uint8_t*& d) {
+          const uint32_t line = by_line.div(i);
+          const uint32_t ii = by_lines.div(line);
+          const uint32_t l = line - ii * nl;
+          const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
+          const int64_t k = k0 + ii;
+          d = unit(gp[k]) + p.line_at.offset(g.line0 + l) + c;
+          const bool wraps = cycle < glen ? ((ends >> k) & 1) != 0 : k + 1 == glen;
+          if (!wraps) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);
+          if (tail < 0) return load_vec<V>(buf + (k + 1 - cycle) * buf_bytes + l * width + c);
+          return load_vec<V>(scratch_src + l * sbytes + c);
+        });
+        ctx.sync();  // the next pass (or tile) reuses the buffers
+      }
     }
   }
 }

@@ -15,6 +15,7 @@ CASES = {  # name: (shape, dim, what perm)
     "[4, 4Mi] dim 1": ((4, 4 << 20), 1, "random"),
     "[4Mi, 4] dim 0": ((4 << 20, 4), 0, "random"),
     "[64, 256Ki] dim 1": ((64, 256 << 10), 1, "random"),
+    "[4Mi, 4] dim 0, 2-cycles": ((4 << 20, 4), 0, "pairs"),
     "wq_b TP1 (permute_wq_b_)": (None, None, "wq_b"),
     "wo_a TP1 (permute_wo_a_)": (None, None, "wo_a"),
 }
@@ -39,9 +40,12 @@ elif kind == "wo_a":
 else:
     tensors = [torch.randint(0, 256, shape, dtype=torch.uint8)]
     perm = torch.randperm(shape[dim])
+    if kind == "pairs":  # every index in a 2-cycle: the most segments a plan can have
+        order, perm = perm, torch.empty_like(perm)
+        perm[order[0::2]], perm[order[1::2]] = order[1::2], order[0::2]
     call = lambda: fp.permute_(tensors[0], perm, dim)
 nbytes = sum(t.numel() * t.element_size() for t in tensors)
-indices = shape[dim] if kind == "random" else 0
+indices = 0 if shape is None else shape[dim]
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # peak RSS := RSS now
 before = status("VmRSS")

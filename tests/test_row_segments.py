@@ -22,6 +22,7 @@ from conftest import DEVICES, assert_same_bytes, expect_path, random_tensor
 # Mirrors of the figures that decide the path (csrc/plan.h, csrc/launch.cpp):
 # a test that no longer reaches it fails here rather than passing vacuously.
 K_MAX_SEGMENT = 64
+K_PACK_CYCLES_ABOVE = 32 * 1024  # kPackCyclesAbove: more short cycles than this share segments
 CPU_ROW_BUDGET = 128 * 1024  # kCpuRowBudget: kCpuStagingBudget / 4
 
 
@@ -74,6 +75,20 @@ def long_and_short_cycles(n, gen):
     return perm
 
 
+def cycles_of_lengths(n, lengths, gen):
+    """A permutation of n whose cycles have the given lengths (through random
+    indices), the indices left over fixed points."""
+    order = torch.randperm(n, generator=gen)
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    used = int(ends[-1])
+    nxt = torch.arange(1, used + 1)
+    nxt[ends - 1] = starts  # a cycle's last index points back at its first
+    perm = torch.arange(n)
+    perm[order[:used]] = order[nxt]
+    return perm
+
+
 def check(base, view_of, perm, dim, device):
     """Permutes view_of(base) along `dim` and compares every byte of base
     (bytes outside the view included) with the reference on a copy."""
@@ -123,3 +138,22 @@ def test_long_cycle_of_wide_two_dim_units(device, gen):
     slice_lines, slice_bytes = cpu_row_tiles(6, 4 * width)
     assert slice_lines == 6 and slice_bytes < 4 * width
     check(base, lambda t: t[..., :width], one_cycle(n, gen), 1, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["rows", "two-line units"])
+def test_many_short_cycles_share_segments(device, layout, gen):
+    """More short cycles (2 to 32 indices) than kPackCyclesAbove: the plan
+    packs whole cycles of one length into shared segments (a segment start
+    each would cost up to 2 bytes an index), so a tile rotates several
+    cycles, each back to its own first unit. With a cycle over 64 units
+    (scratch) and fixed points; rows of 6 bf16, and units of two lines."""
+    lengths = torch.randint(2, 33, (40000,), generator=gen)
+    assert len(lengths) > K_PACK_CYCLES_ABOVE
+    lengths = torch.cat([lengths, torch.tensor([1000])])
+    n = int(lengths.sum()) + 77
+    perm = cycles_of_lengths(n, lengths[torch.randperm(len(lengths), generator=gen)], gen)
+    if layout == "rows":
+        check(random_tensor((n, 6), torch.bfloat16, device, gen), lambda t: t, perm, 0, device)
+    else:  # [2, n, 5] seen as [n, 2, 5]: a unit is 2 lines of 5 bytes, n * 5 apart
+        check(random_tensor((2, n, 5), torch.uint8, device, gen), lambda t: t.transpose(0, 1), perm, 0, device)

@@ -239,6 +239,21 @@ std::vector<int64_t> with_long_cycle(int64_t n) {
   return p;
 }
 
+// Short cycles of random lengths up to `most` (cycles of one length are
+// packed into shared segments), a few fixed points, and the rest one cycle.
+std::vector<int64_t> short_cycles(int64_t n, int64_t most) {
+  const std::vector<int64_t> order = random_perm(n);
+  std::vector<int64_t> p(n);
+  int64_t at = 0;
+  while (at < n) {
+    int64_t len = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(most));
+    if (at + len > n || rng() % 16 == 0) len = n - at;  // the rest, now and then a long cycle
+    for (int64_t i = 0; i < len; ++i) p[order[at + i]] = order[at + (i + 1) % len];
+    at += len;
+  }
+  return p;
+}
+
 std::vector<int64_t> reversal(int64_t n) {
   std::vector<int64_t> p(n);
   for (int64_t i = 0; i < n; ++i) p[i] = n - 1 - i;
@@ -320,11 +335,12 @@ void shrink(fp::Launch& l, int64_t slice_lines, int64_t slice_bytes, int64_t ste
 // of slice_lines (0: whole units) x slice_bytes, passes of `step`.
 void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
                 int64_t offset, int threads, int64_t slice_lines, int64_t slice_bytes, int64_t step,
-                bool serial, const std::string& name) {
+                bool serial, const std::string& name, int64_t max_segment = fp::kMaxSegment,
+                int64_t pack_above = fp::kPackCyclesAbove) {
   Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, offset);
   const Rows before = t;
   const std::vector<uint8_t> expected = t.rows_gathered(perm);
-  const fp::RowPlan plan = fp::make_row_plan(perm);
+  const fp::RowPlan plan = fp::make_row_plan(perm, max_segment, pack_above);
   const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
   std::vector<fp::Launch> launches =
       fp::gpu_row_launches(&view, 1, plan, plan.index.data(), small_device());
@@ -617,6 +633,30 @@ void check_long_cycles(int threads, int trials, bool serial) {
   }
 }
 
+// Short cycles packed into shared segments (every short cycle: pack_above
+// 0), with segments of 4 to 64 units, passes of 1 to 70 positions (a pass
+// that holds several cycles, or only part of one), rows of 1 to 4 lines.
+void check_packed_cycles(int threads, int trials, bool serial) {
+  for (int trial = 0; trial < trials; ++trial) {
+    const int64_t max_segment = int64_t{4} << (rng() % 5);
+    const int64_t n = 100 + static_cast<int64_t>(rng() % 500);
+    const int64_t most = 2 + static_cast<int64_t>(rng() % std::min<int64_t>(40, max_segment / 2 - 1 + 1));
+    std::vector<int64_t> perm = short_cycles(n, most);
+    fp::RowPlan plan = fp::make_row_plan(perm, max_segment, 0);
+    for (int again = 0; again < 4 && plan.num_packed == 0; ++again)  // the rest drawn first: all one cycle
+      plan = fp::make_row_plan(perm = short_cycles(n, most), max_segment, 0);
+    const int64_t bytes = 8 * (1 + static_cast<int64_t>(rng() % 40));
+    const std::string name = "packed cycles seg=" + std::to_string(max_segment);
+    if (plan.num_packed == 0) {
+      report(false, name + ": nothing packed (the case lost its point)");
+      continue;
+    }
+    check_rows(perm, bytes, bytes + 8 * static_cast<int64_t>(rng() % 3), static_cast<int64_t>(rng() % 8), threads,
+               0, 8 * (1 + static_cast<int64_t>(rng() % 8)), 1 + static_cast<int64_t>(rng() % 70), serial, name,
+               max_segment, 0);
+  }
+}
+
 // Plans keep no copy of perm: each must give it back exactly
 // (permutation_of) and recognise it, and no other (applies).
 void check_plans_give_back_perm() {
@@ -625,16 +665,19 @@ void check_plans_give_back_perm() {
       {"with long cycle", with_long_cycle(300)}, {"blocks 70x4", block_cycle(70, 4)},
       {"q 8x64", fp::q_fused_permutation(8, 64)}, {"o 4x96", fp::o_fused_permutation(4, 96)},
       {"reversal", reversal(300)},               {"identity", identity(50)},
+      {"short cycles", short_cycles(400, 9)},
   };
   for (const auto& [name, perm] : perms) {
     const int64_t n = static_cast<int64_t>(perm.size());
     std::vector<int64_t> other = perm;
     std::swap(other[rng() % n], other[n - 1 - rng() % (n / 2)]);  // may swap an index with itself
     const bool differs = other != perm;
-    const fp::RowPlan rows = fp::make_row_plan(perm, 4);  // short segments: cut cycles too
-    report(fp::permutation_of(rows) == perm && fp::applies(rows, perm.data(), n) &&
-               fp::applies(rows, other.data(), n) != differs && !fp::applies(rows, perm.data(), n - 1),
-           "row plan gives back " + name);
+    for (int64_t pack_above : {fp::kPackCyclesAbove, int64_t{0}}) {  // short cycles packed too
+      const fp::RowPlan rows = fp::make_row_plan(perm, 4, pack_above);  // short segments: cut cycles too
+      report(fp::permutation_of(rows) == perm && fp::applies(rows, perm.data(), n) &&
+                 fp::applies(rows, other.data(), n) != differs && !fp::applies(rows, perm.data(), n - 1),
+             "row plan gives back " + name + (pack_above ? "" : " packed"));
+    }
     for (int64_t esize : {1, 2, 8}) {
       const fp::ColPlan cols = fp::make_col_plan(perm, esize);
       report(fp::permutation_of(cols) == perm && fp::applies(cols, perm.data(), n) &&
@@ -709,6 +752,7 @@ void stress(const std::vector<int>& thread_counts) {
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
     check_long_cycles(threads, 3, serial);
+    check_packed_cycles(threads, 12, serial);
   }
 }
 
