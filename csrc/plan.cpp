@@ -1,7 +1,7 @@
 #include "plan.h"
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 
@@ -81,9 +81,10 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
   // second fills it. Cut cycles go first (their segments own the scratch
   // slots [0, num_scratch)), then the packed short cycles by length, then
   // whole cycles.
-  const int64_t pack_len = std::min<int64_t>(max_segment, kMaxSegment);  // a packed tile's 64-bit end mask
-  auto is_short = [&](int64_t len) { return 2 * len <= pack_len; };
-  std::vector<int64_t> short_count(static_cast<size_t>(pack_len / 2 + 1), 0);
+  if (max_segment < 1 || max_segment > kMaxSegment)  // a tile marks its cycles' ends in 64 bits
+    throw std::invalid_argument("max_segment must be in [1, " + std::to_string(kMaxSegment) + "]");
+  auto is_short = [&](int64_t len) { return 2 * len <= max_segment; };
+  std::vector<int64_t> short_count(static_cast<size_t>(max_segment / 2 + 1), 0);
   std::vector<bool> done;
   int64_t cut_moved = 0, num_short = 0;
   for_each_cycle(perm, unit, units, done, [&](int64_t, int64_t len) {
@@ -106,7 +107,7 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
     pos_of[c] = cut_moved + packed_moved;
     seg_of[c] = plan.num_scratch + plan.num_packed;
     packed_moved += short_count[c] * static_cast<int64_t>(c);
-    plan.num_packed += (short_count[c] + pack_len / c - 1) / (pack_len / c);
+    plan.num_packed += (short_count[c] + max_segment / c - 1) / (max_segment / c);
   }
   plan.num_segments += plan.num_scratch + (pack ? plan.num_packed : num_short);
   const int64_t words = plan.num_scratch + plan.num_packed;
@@ -122,8 +123,8 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
     const int64_t at = pos;
     for (int64_t k = 0, u = start; k < len; ++k, u = perm[u * unit] / unit) order[pos++] = static_cast<int32_t>(u);
     if (packed) {
-      // A new segment every pack_len / len cycles of this length.
-      if (written[len]++ % (pack_len / len) == 0) {
+      // A new segment every max_segment / len cycles of this length.
+      if (written[len]++ % (max_segment / len) == 0) {
         first[seg_of[len]] = static_cast<int32_t>(at);
         word[seg_of[len]++] = static_cast<int32_t>(len);
       }

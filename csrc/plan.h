@@ -8,7 +8,8 @@
 
 namespace flashmla_perm {
 
-// Longest cycle segment, in units. Cycles up to this length need no scratch;
+// Longest cycle segment, in units (at most 64: a tile marks the ends of the
+// cycles it rotates in 64 bits). Cycles up to this length need no scratch;
 // longer ones save one unit per segment, so scratch stays under 2/(kMaxSegment+1)
 // of the tensor (under 1/32).
 constexpr int64_t kMaxSegment = 64;
@@ -62,7 +63,8 @@ struct RowPlan {
     return s >= num_scratch && s < num_scratch + num_packed ? tail()[s] : length(s);
   }
 };
-// Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1).
+// Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1),
+// or max_segment is not in [1, kMaxSegment].
 RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment,
                       int64_t pack_above = kPackCyclesAbove);
 RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment,

@@ -370,12 +370,16 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     for (int64_t g0 = 0; g0 < len; g0 += group) {
       const int32_t* gp = pos + g0;
       const int64_t glen = min_of(group, len - g0);
-      uint64_t ends = 0;  // several cycles (glen <= 64 then): bit k marks a cycle's last position
-      for (int64_t e = cycle - 1; cycle < glen && e < glen; e += cycle) ends |= uint64_t{1} << e;
+      uint64_t ends = 0;  // bit k: position k is a cycle's last (segments are at most 64 units)
+      for (int64_t e = cycle - 1; e < glen; e += cycle) ends |= uint64_t{1} << e;
       for (int64_t k0 = 0; k0 < glen; k0 += p.step) {
         const int64_t n = min_of(p.step, glen - k0);          // positions stored
         const int64_t m = min_of(p.step, glen - 1 - k0);      // sources staged: k0+1 .. k0+m
         const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
+        // A cycle's last position reads its first unit: buffer k + 1 - cycle
+        // (k0 is 0, or the group is one cycle and that is buffer 0), `back`
+        // buffers below the one it would read next.
+        const int64_t back = (cycle - k0) * buf_bytes;
         stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
                        [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
                          const uint32_t line = by_line.div(i);
@@ -395,10 +399,9 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
           const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
           const int64_t k = k0 + ii;
           d = unit(gp[k]) + p.line_at.offset(g.line0 + l) + c;
-          const bool wraps = cycle < glen ? ((ends >> k) & 1) != 0 : k + 1 == glen;
-          if (!wraps) return load_vec<V>(buf + (1 + ii) * buf_bytes + l * width + c);
-          if (tail < 0) return load_vec<V>(buf + (k + 1 - cycle) * buf_bytes + l * width + c);
-          return load_vec<V>(scratch_src + l * sbytes + c);
+          const uint8_t* from = buf + (1 + ii) * buf_bytes + l * width + c;
+          if ((ends >> k) & 1) from = tail < 0 ? from - back : scratch_src + l * sbytes + c;
+          return load_vec<V>(from);
         });
         ctx.sync();  // the next pass (or tile) reuses the buffers
       }
