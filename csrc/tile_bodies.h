@@ -365,26 +365,24 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     const FastDiv by_lines = g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
     const int64_t buf_bytes = g.nl * width;
     const int64_t sbytes = p.line_bytes;
-    const int64_t group =  // 32-bit: a 64-bit divide is a subroutine on a GPU
-        cycle * (p.step >= cycle ? static_cast<uint32_t>(p.step) / static_cast<uint32_t>(cycle) : 1);
-    for (int64_t g0 = 0; g0 < len; g0 += group) {
+    // Positions in 32 bits (a segment is at most 64 units): fewer registers.
+    const uint32_t slen = static_cast<uint32_t>(len), cyc = static_cast<uint32_t>(cycle);
+    const uint32_t step = static_cast<uint32_t>(p.step);
+    const uint32_t group = cyc * (step >= cyc ? step / cyc : 1);
+    for (uint32_t g0 = 0; g0 < slen; g0 += group) {
       const int32_t* gp = pos + g0;
-      const int64_t glen = min_of(group, len - g0);
+      const uint32_t glen = min_of(group, slen - g0);
       uint64_t ends = 0;  // bit k: position k is a cycle's last (segments are at most 64 units)
-      for (int64_t e = cycle - 1; e < glen; e += cycle) ends |= uint64_t{1} << e;
-      for (int64_t k0 = 0; k0 < glen; k0 += p.step) {
-        const int64_t n = min_of(p.step, glen - k0);          // positions stored
-        const int64_t m = min_of(p.step, glen - 1 - k0);      // sources staged: k0+1 .. k0+m
-        const int64_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
-        // A cycle's last position reads its first unit: buffer k + 1 - cycle
-        // (k0 is 0, or the group is one cycle and that is buffer 0), `back`
-        // buffers below the one it would read next.
-        const int64_t back = (cycle - k0) * buf_bytes;
-        stage_items<V>(ctx, static_cast<uint32_t>(1 + m - first) * per_buf,
+      for (uint32_t e = cyc - 1; e < glen; e += cyc) ends |= uint64_t{1} << e;
+      for (uint32_t k0 = 0; k0 < glen; k0 += step) {
+        const uint32_t n = min_of(step, glen - k0);          // positions stored
+        const uint32_t m = min_of(step, glen - 1 - k0);      // sources staged: k0+1 .. k0+m
+        const uint32_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
+        stage_items<V>(ctx, (1 + m - first) * per_buf,
                        [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
                          const uint32_t line = by_line.div(i);
                          const uint32_t jj = by_lines.div(line);
-                         const uint32_t j = static_cast<uint32_t>(first) + jj;
+                         const uint32_t j = first + jj;
                          const uint32_t l = line - jj * nl;
                          const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
                          b = buf + j * buf_bytes + l * width + c;
@@ -392,16 +390,21 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
                        });
         ctx.stage_wait();
         ctx.sync();
-        store_items<V>(ctx, static_cast<uint32_t>(n) * per_buf, [&](uint32_t i, uint8_t*& d) {
+        // A cycle's last position reads its first unit: buffer k + 1 - cycle
+        // (k0 is 0, or the group is one cycle and that is buffer 0).
+        store_items<V>(ctx, n * per_buf, [&](uint32_t i, uint8_t*& d) {
           const uint32_t line = by_line.div(i);
           const uint32_t ii = by_lines.div(line);
           const uint32_t l = line - ii * nl;
           const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
-          const int64_t k = k0 + ii;
+          const uint32_t k = k0 + ii;
           d = unit(gp[k]) + p.line_at.offset(g.line0 + l) + c;
-          const uint8_t* from = buf + (1 + ii) * buf_bytes + l * width + c;
-          if ((ends >> k) & 1) from = tail < 0 ? from - back : scratch_src + l * sbytes + c;
-          return load_vec<V>(from);
+          uint32_t from = 1 + ii;
+          if ((ends >> k) & 1) {
+            if (tail >= 0) return load_vec<V>(scratch_src + l * sbytes + c);
+            from = k + 1 - cyc;
+          }
+          return load_vec<V>(buf + from * buf_bytes + l * width + c);
         });
         ctx.sync();  // the next pass (or tile) reuses the buffers
       }
