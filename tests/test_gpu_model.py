@@ -227,9 +227,9 @@ FAKE_SASS = """
         /*0040*/                   IMAD R1, R1, R3, RZ ;
         /*0050*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
         /*0060*/               @P1 BRA 0x10 ;
-        /*0070*/                   LD.E.128 R4, desc[UR4][R6.64] ;
+        /*0070*/                   LDS.128 R4, [R6] ;
         /*0080*/                   STG.E.128 desc[UR4][R8.64], R4 ;
-        /*0090*/                   LD.E.128 R4, desc[UR4][R6.64] ;
+        /*0090*/                   LDS.128 R4, [R6] ;
         /*00a0*/               @P2 BRA 0xc0 ;
         /*00b0*/                   STG.E.128 desc[UR4][R8.64], R4 ;
         /*00c0*/               @P1 BRA 0x70 ;
