@@ -203,7 +203,7 @@ void each_value(const RowPlan& plan, F&& f) {
     const int64_t len = plan.length(s), c = plan.cycle_length(s);
     for (int64_t k = 0; k < len; ++k) {
       const bool wraps = (k + 1) % c == 0;
-      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.tail()[s]]] : pos[k + 1 - c];
+      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.word()[s]]] : pos[k + 1 - c];
       for (int64_t r = 0; r < unit; ++r) f(pos[k] * unit + r, src * unit + r);
     }
   }

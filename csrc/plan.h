@@ -56,11 +56,11 @@ struct RowPlan {
   std::vector<int32_t> index;  // order (moved), first (num_segments + 1), word (num_scratch + num_packed)
   const int32_t* order() const { return index.data(); }
   const int32_t* first() const { return order() + moved; }
-  const int32_t* tail() const { return first() + num_segments + 1; }
+  const int32_t* word() const { return first() + num_segments + 1; }
   int64_t length(int64_t s) const { return first()[s + 1] - first()[s]; }
   // Length of the cycles segment s holds (a cut segment: its own length).
   int64_t cycle_length(int64_t s) const {
-    return s >= num_scratch && s < num_scratch + num_packed ? tail()[s] : length(s);
+    return s >= num_scratch && s < num_scratch + num_packed ? word()[s] : length(s);
   }
 };
 // Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1),
