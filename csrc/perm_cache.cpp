@@ -7,6 +7,9 @@
 
 #include "bounded_cache.h"
 #include "checks.h"
+#ifdef FLASHMLA_PERM_WITH_CUDA
+#include "executors.h"
+#endif
 
 namespace flashmla_perm {
 
@@ -134,6 +137,14 @@ CallPerm prepared_permutation(const at::Tensor& perm, int64_t extent, const at::
     const auto seen = by_device_tensor().find(perm.unsafeGetTensorImpl());
     if (seen && seen->matches(perm)) return CallPerm(seen->prepared, perm, at::Tensor());
   }
+#ifdef FLASHMLA_PERM_WITH_CUDA
+  // A capturing stream cannot take the blocking copy below (CUDA would end
+  // the capture with an error of its own): say what to do instead.
+  TORCH_CHECK(!perm.is_cuda() || !cuda_capturing(perm.device()), op,
+              ": perm is a CUDA tensor whose values this module has not read yet (new, or written "
+              "since), and the stream is capturing a CUDA graph; call the op with it once before "
+              "capture (warm-up), or pass a CPU perm");
+#endif
   at::Tensor host = host_values(perm);  // a blocking copy, once
   auto prepared = prepared_by_values(host, op);
   if (trackable) {

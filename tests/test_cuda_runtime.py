@@ -293,6 +293,32 @@ def test_graph_capture_and_replay_of_the_model_ops(kind, inverse, gen):
 
 
 @needs_kernels
+@pytest.mark.parametrize("perm_on", ["cuda", "cpu"])
+def test_a_capture_that_needs_a_blocking_copy_says_so_and_moves_nothing(perm_on, gen):
+    """Under capture, what needs a blocking copy raises before any byte moves,
+    naming the warm-up: a CUDA perm whose values were never read (a
+    device-to-host copy), a plan not yet on the device (its upload). Once the
+    op has run outside capture, the same call captures and replays."""
+    t = random_tensor((256, 64), torch.bfloat16, "cuda", gen)
+    perm = torch.randperm(256, generator=gen).to(perm_on)  # values no other test uses
+    says = "perm is a CUDA tensor" if perm_on == "cuda" else "plan is not on"
+    before = t.clone()
+    with pytest.raises(RuntimeError, match=f"{says}.*capturing a CUDA graph.*warm-up"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            ops.permute_(t, perm, 0)
+    torch.cuda.synchronize()
+    assert_same_bytes(t, before)  # the refused capture moved nothing
+    ops.permute_(t, perm, 0)  # the warm-up: values read, plan uploaded
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.permute_(t, perm, 0)
+    t.copy_(before)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bytes(t, before.index_select(0, perm.to(t.device)))
+
+
+@needs_kernels
 def test_no_host_sync_once_the_plans_are_built(gen):
     """After a first call (plans built, index arrays uploaded), the model ops
     neither synchronize through torch (sync debug mode "error") nor wait for
