@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "executors.h"
+#include "serial_tiles.h"
 
 // at::parallel_for is a header template: with torch's OpenMP backend it runs
 // its chunks on several threads only where this file is built with OpenMP.
@@ -19,16 +20,6 @@
 namespace flashmla_perm {
 namespace {
 
-struct SerialCtx {
-  static constexpr bool kSerial = true;
-  int thread() const { return 0; }
-  int num_threads() const { return 1; }
-  void sync() {}
-  template <int V>
-  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
-  void stage_wait() {}
-};
-
 // A tile's private buffer, 64-byte aligned.
 struct Buffer {
   explicit Buffer(int64_t bytes) : raw(new uint8_t[bytes + 64]) {
@@ -37,17 +28,6 @@ struct Buffer {
   std::unique_ptr<uint8_t[]> raw;
   uint8_t* data;
 };
-
-// Calls f(std::integral_constant<int, bytes>{}) for a chunk of 1..kMaxChunk bytes.
-template <class F>
-void with_chunk_bytes(int bytes, F&& f) {
-  static_assert(kMaxChunk == 64, "cases below cover 1..64");
-  switch (bytes) {
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    default: with_vector_width(bytes, f); break;
-  }
-}
 
 }  // namespace
 
@@ -75,7 +55,6 @@ void run_cols_cpu(const ColView& view, const ColPlan& plan) {
   if (view.rows == 0 || view.row_bytes == 0) return;
   int64_t buffer_bytes = 0;
   const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
-  // Host loads and stores need no alignment: move whole chunks.
   // In place, the buffers in flight are the call's extra memory: bounded.
   // Out of place the call allocates its whole output anyway: every thread.
   const int64_t grain = view.src == view.dst ? cpu_grain(p.tiles, buffer_bytes) : 1;

@@ -37,6 +37,7 @@
 
 #include "../../csrc/launch.h"
 #include "../../csrc/plan.h"
+#include "../../csrc/serial_tiles.h"
 #include "../../csrc/strided.h"
 #include "../../csrc/tile_bodies.h"
 
@@ -94,18 +95,6 @@ struct ThreadCtx {
   }
 };
 
-// The CPU executor's context (csrc/cpu_executor.cpp): one thread runs a
-// whole tile, with host copies.
-struct SerialCtx {
-  static constexpr bool kSerial = true;
-  int thread() const { return 0; }
-  int num_threads() const { return 1; }
-  void sync() {}
-  template <int V>
-  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
-  void stage_wait() {}
-};
-
 // Runs a row plan as the CPU executor does (the save pass, then every tile
 // with a buffer of its own), from cpu_row_job's tiling; slice_lines /
 // slice_bytes > 0 cut the tiles smaller than its budget would (units that
@@ -123,7 +112,7 @@ void run_rows_serial(const fp::UnitView& view, const fp::RowPlan& plan, int64_t 
   std::vector<uint8_t> scratch(plan.num_scratch * view.lines * view.line_bytes + 1);
   std::vector<uint8_t> buf(p.slice_lines * p.slice_bytes + 1);
   p.scratch = scratch.data();
-  SerialCtx ctx;
+  fp::SerialCtx ctx;
   for (int64_t t = 0; t < p.head_tiles; ++t) fp::save_segment_head<1>(ctx, p, t);
   for (int64_t t = p.tiles - 1; t >= 0; --t) fp::row_segment_tile<1>(ctx, p, t, buf.data());
 }
@@ -135,15 +124,10 @@ void run_cols_serial(const fp::ColView& view, const fp::ColPlan& plan) {
   int64_t buffer_bytes = 0;
   const fp::ColJob p = fp::cpu_col_job(view, plan, &buffer_bytes);
   std::vector<uint8_t> buf(buffer_bytes + 1);
-  SerialCtx ctx;
-  auto run = [&](auto v) {
+  fp::SerialCtx ctx;
+  fp::with_chunk_bytes(p.vec, [&](auto v) {
     for (int64_t t = 0; t < p.tiles; ++t) fp::col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data());
-  };
-  switch (p.vec) {
-    case 64: run(std::integral_constant<int, 64>{}); break;
-    case 32: run(std::integral_constant<int, 32>{}); break;
-    default: fp::with_vector_width(p.vec, run); break;
-  }
+  });
 }
 
 // Runs one launch as the GPU would: CTAs [0, grid), each with l.threads
