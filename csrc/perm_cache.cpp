@@ -141,9 +141,9 @@ CallPerm prepared_permutation(const at::Tensor& perm, int64_t extent, const at::
   // A capturing stream cannot take the blocking copy below (CUDA would end
   // the capture with an error of its own): say what to do instead.
   TORCH_CHECK(!perm.is_cuda() || !cuda_capturing(perm.device()), op,
-              ": perm is a CUDA tensor whose values this module has not read yet (new, or written "
-              "since), and the stream is capturing a CUDA graph; call the op with it once before "
-              "capture (warm-up), or pass a CPU perm");
+              ": perm is a CUDA tensor whose values this module has not read yet (new, written since, "
+              "or an inference tensor, which it reads on every call), and the stream is capturing "
+              "a CUDA graph; call the op with it once before capture (warm-up), or pass a CPU perm");
 #endif
   at::Tensor host = host_values(perm);  // a blocking copy, once
   auto prepared = prepared_by_values(host, op);
