@@ -319,6 +319,22 @@ def test_a_capture_that_needs_a_blocking_copy_says_so_and_moves_nothing(perm_on,
 
 
 @needs_kernels
+def test_an_inference_perm_on_the_device_is_refused_under_capture_even_after_a_warm_up(gen):
+    """An inference tensor has no version counter, so the module reads its
+    values on every call: under capture that read is refused, warm-up or not."""
+    t = random_tensor((256, 64), torch.bfloat16, "cuda", gen)
+    with torch.inference_mode():
+        perm = torch.randperm(256, generator=gen).cuda()
+    ops.permute_(t, perm, 0)  # a warm-up, which does not help here
+    before = t.clone()
+    with pytest.raises(RuntimeError, match="inference tensor.*capturing a CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            ops.permute_(t, perm, 0)
+    torch.cuda.synchronize()
+    assert_same_bytes(t, before)
+
+
+@needs_kernels
 def test_no_host_sync_once_the_plans_are_built(gen):
     """After a first call (plans built, index arrays uploaded), the model ops
     neither synchronize through torch (sync debug mode "error") nor wait for
