@@ -220,6 +220,12 @@ MUTANTS = [
       "p.vec = vector_width({reinterpret_cast<int64_t>(v.src),",
       ["harness --quick"],
       "column launches: the vector width ignores the destination's address (misaligned stores)"),
+    # ---- the vLLM plugin (flashmla_perm/vllm_plugin.py): what a worker's log shows
+    M("plugin-logger-outside-vllm", "flashmla_perm/vllm_plugin.py",
+      'logger = logging.getLogger("vllm.plugins.flashmla_perm")',
+      'logger = logging.getLogger("flashmla_perm.vllm_plugin")',
+      ["tests/test_vllm.py::test_plugin_says_what_it_routed_in_a_worker_log"],
+      "the plugin's logger outside vLLM's (no handler: its INFO lines never show)"),
 ]
 
 

@@ -405,14 +405,37 @@ importlib.import_module("{MEGA_ATTN}")
 """ + REPORT
 
 
+# A worker process of vLLM's, in its order: logging configured from the engine's
+# config (MultiprocExecutor's worker_main), then the plugins (init_worker), then
+# the model's code. vLLM's handler writes to sys.stdout as it is when logging
+# is configured: here, a buffer whose plugin lines the child prints as JSON.
+WORKER_LOG = f"""
+import importlib, io, json, sys
+captured = io.StringIO()
+sys.stdout = captured
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+import vllm.plugins
+configure_logging(LoggingConfig())
+vllm.plugins.plugins_loaded = False
+vllm.plugins.load_general_plugins()
+importlib.import_module("{MEGA_ATTN}")
+sys.stdout = sys.__stdout__
+import flashmla_perm
+print(json.dumps(dict(lines=[l for l in captured.getvalue().splitlines() if "flashmla_perm" in l],
+                      native=flashmla_perm.build_info()["native"])))
+"""
+
+
 @pytest.fixture(scope="module")
 def import_orders():
-    """Both child processes, started together (each spends most of its
+    """The child processes, started together (each spends most of its
     seconds importing vLLM)."""
     if plugin_entry_point() is None:
         pytest.skip("the flashmla_perm entry point is not installed "
                     "(pip install --no-build-isolation -e . registers it)")
-    procs = {"module_first": start_python(MODULE_FIRST), "plugins_first": start_python(PLUGINS_FIRST)}
+    procs = {"module_first": start_python(MODULE_FIRST), "plugins_first": start_python(PLUGINS_FIRST),
+             "worker_log": start_python(WORKER_LOG)}
     return {k: json_result(p) for k, p in procs.items()}
 
 
@@ -430,6 +453,23 @@ def test_plugin_in_a_fresh_process(import_orders, order):
     assert r["imported_before_plugins"] == (order == "module_first")
     assert r["mega_is_ours"] and r["fused_layout_is_ours"] and r["late_import_is_ours"], r
     assert r["mega_module"].startswith("flashmla_perm"), r
+
+
+def test_plugin_says_what_it_routed_in_a_worker_log(import_orders):
+    """What an engineer sees in a worker's log: vLLM's own format (level,
+    file), one line when the plugin is loaded and one when it routes. (vLLM's
+    API-server process loads the plugins while it parses its command line,
+    before it configures logging, so no INFO line of any plugin shows there;
+    the engine and worker processes, which load the weights, show both.)"""
+    r = import_orders["worker_log"]
+    lines = r["lines"]
+    assert lines and all(" INFO " in l and "[vllm_plugin.py:" in l for l in lines), lines
+    if not r["native"]:
+        assert len(lines) == 1 and "flashmla_perm: changed nothing" in lines[0], lines
+        return
+    assert len(lines) == 2, lines
+    assert "flashmla_perm: will route vLLM's permute_on_load" in lines[0], lines
+    assert "flashmla_perm: routed vLLM's permute_on_load to flashmla_perm" in lines[1], lines
 
 
 # ---- 4. vLLM's layerwise (in-place) reload ---------------------------------------
