@@ -3,7 +3,7 @@ states its bound: peak RSS above the level just before the call, each case
 in a fresh process (no plan cached yet, so the plan's memory counts). The
 process first permutes a small tensor along each kind of dim, so that what a
 first call touches once per process (the library's code pages, torch's lazy
-state: 0.2-0.5 MiB, more in a CUDA build) is not counted as the call's;
+state: 0.3-0.4 MiB in a CPU build, 0.5-0.6 in a CUDA one) is not counted as the call's;
 `first_call` is the same call without that warm-up.
 
     python scripts/extra_memory.py            # every case, a table
