@@ -64,28 +64,31 @@ TOKENS, Q_ELEMENT_SIZE = 4096, 2
 TPS = (1, 2, 4, 8)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
-DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 78}
+DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 
 # Instructions per item (one V-byte vector) of each kernel's inner loops, on
 # the path a full batch takes: read with `--sass` from the sm_90 SASS of the
-# CUDA build of commit 4b6d3d5 (nvcc 13.0; FastDiv set up on the host; the
-# build before FastDiv, commit 0ca06ab, had rows 60 + 89 and save_heads 54.8;
-# e8ce307, before the rows store read its buffer with LDS, rows 49 + 59).
+# CUDA build of the change that gathers column chunks of at least 16 bytes in
+# the stage loop (nvcc 13.0, torch 2.11). Before it, the staged column kernel
+# took 54 + 66.1 instructions per item of the wo_a weight (stage in order,
+# gather from the buffer) and 54 + 138.5 of its scale, the direct one 44 +
+# 49.2; before FastDiv (commit 0ca06ab) rows took 60 + 89 and save_heads
+# 54.8; e8ce307, before the rows store read its buffer with LDS, rows 49 + 59.
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = "a CUDA build of commit 4b6d3d5 (nvcc 13.0, sm_90; FastDiv set up on the host; LDS in the rows store)"
+SASS_BUILD = "the CUDA build of the gathered-slice change (nvcc 13.0, sm_90; FastDiv in every loop; LDS in the rows store)"
 # (instructions per item, 32-bit divisions per item) on that path.
 SASS_DEFAULTS = {
     ("rows", "stage", 16, 0): (47.0, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
     ("rows", "stage", 8, 0): (47.0, 0.0), ("rows", "store", 8, 8): (59.5, 0.0),
-    ("cols_staged", "stage", 16, 0): (54.0, 1.0), ("cols_staged", "store", 16, 16): (66.1, 1.0),
-    ("cols_staged", "store", 16, 1): (138.5, 1.0),
-    ("cols_staged", "stage", 4, 0): (53.5, 1.0), ("cols_staged", "store", 4, 1): (76.0, 1.0),
-    ("cols_direct", "stage", 16, 0): (44.0, 0.0), ("cols_direct", "store", 16, 16): (49.2, 1.0),
+    ("cols_staged", "gather_stage", 16, 0): (37.5, 0.0), ("cols_staged", "linear_store", 16, 16): (34.4, 0.0),
+    ("cols_staged", "stage", 16, 0): (39.0, 0.0), ("cols_staged", "store", 16, 1): (121.0, 0.0),
+    ("cols_staged", "stage", 4, 0): (37.0, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
+    ("cols_direct", "gather_stage", 16, 0): (39.0, 0.0), ("cols_direct", "linear_store", 16, 16): (35.0, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 15576, "cols_direct": 14240}
+SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 14216, "cols_direct": 13504}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -205,18 +208,27 @@ def loop_path(instructions, first, last, mark, piece):
     return -neg, marks, divs
 
 
+# Column kernels read their map (source_offset[], int32) in exactly one loop
+# of a tile: the stage loop of a gathered slice ("gather_stage", then a
+# "linear_store"), or the store loop of a gather from the tile buffer
+# ("stage" of rows in order, then "store").
+OFFSET_LOAD = "LDG.E"
+READS_OFFSETS = {"gather_stage": True, "linear_store": False, "stage": False, "store": True}
+
+
 def loop_figures(functions, kind, phase, vec, piece):
     """Instructions and divisions per item of one kernel's loop for (phase, V,
     piece), averaged over its copies (one per job slot); None if absent."""
-    if phase == "stage":
+    if phase.endswith("stage"):
         mark, read = LDGSTS.get(vec), None
     else:
         mark = STG[vec]
         read = {"save_heads": LDG}.get(kind, LDS)[piece]
+    offsets = READS_OFFSETS[phase] if kind.startswith("cols") else None
     found = []
     for first, last in inner_loops(functions.get(kind, [])):
         ops = {opcode(t) for _, t in functions[kind][first:last + 1]}
-        if mark in ops and (read is None or read in ops):
+        if mark in ops and (read is None or read in ops) and offsets in (None, OFFSET_LOAD in ops):
             n, marks, divs = loop_path(functions[kind], first, last, mark, read)
             if marks:
                 found.append((n / marks, divs / marks))
@@ -227,9 +239,10 @@ def loop_figures(functions, kind, phase, vec, piece):
 
 # The loops the model ops run: (job kind, phase, V, piece).
 LOOPS = [("rows", "stage", 16, 0), ("rows", "store", 16, 16), ("rows", "stage", 8, 0), ("rows", "store", 8, 8),
-         ("cols_staged", "stage", 16, 0), ("cols_staged", "store", 16, 16), ("cols_staged", "store", 16, 1),
+         ("cols_staged", "gather_stage", 16, 0), ("cols_staged", "linear_store", 16, 16),
+         ("cols_staged", "stage", 16, 0), ("cols_staged", "store", 16, 1),
          ("cols_staged", "stage", 4, 0), ("cols_staged", "store", 4, 1),
-         ("cols_direct", "stage", 16, 0), ("cols_direct", "store", 16, 16),
+         ("cols_direct", "gather_stage", 16, 0), ("cols_direct", "linear_store", 16, 16),
          ("save_heads", "store", 16, 16)]
 
 
@@ -422,13 +435,19 @@ def tile_bytes(job, cycles):
 
 
 def job_loops(job, chunk):
-    """The (kind, phase, V, piece) loops one item of a job goes through."""
+    """The (kind, phase, V, piece) loops one item of a job goes through.
+    Column jobs the launch marks `gathered_stage` gather in the stage loop
+    and store linearly (csrc/tile_bodies.h gathers_in_stage,
+    col_gathered_slice); the others gather from the staged rows (staged) or
+    from memory (direct)."""
     kind, vec = job["kind"], job["vec"]
     if kind == "save_heads":
         return [(kind, "store", vec, vec)]
-    if kind == "cols_direct" and chunk < vec:
-        return [(kind, "store", vec, min(vec, chunk))]  # gathered straight from memory (not in the model ops)
-    piece = vec if kind != "cols_staged" else min(vec, chunk)
+    if job.get("gathered_stage"):
+        return [(kind, "gather_stage", vec, 0), (kind, "linear_store", vec, vec)]
+    piece = min(vec, chunk) if kind.startswith("cols") else vec  # the shared-memory (direct: global) read
+    if kind == "cols_direct":
+        return [(kind, "store", vec, piece)]  # gathered straight from memory (not in the model ops)
     return [(kind, "stage", vec, 0), (kind, "store", vec, piece)]
 
 
@@ -445,7 +464,7 @@ def job_tiles(job, case, j, loops, fig):
     for key in job_loops(job, chunk):
         if key not in loops:
             raise KeyError(f"no instruction count for loop {key}")
-        per_item[key[1]] = loops[key][0]
+        per_item["stage" if key[1].endswith("stage") else "store"] = loops[key][0]
     # The L1/shared-memory data path: 128 bytes a clock per SM. Loads fill the
     # tile buffer (V / 128 wavefronts an item); stores read it (gathers: a
     # wavefront per phase of each piece load, more where banks conflict) and
@@ -453,7 +472,7 @@ def job_tiles(job, case, j, loops, fig):
     vec = job["vec"]
     ideal = actual = vec / fig["smem_wavefront_bytes"]
     offsets = case.offsets[j] if j < len(case.offsets) else None
-    if job["kind"] == "cols_staged" and offsets is not None:
+    if job["kind"] == "cols_staged" and offsets is not None and not job.get("gathered_stage"):
         ideal, actual = gather_wavefronts(offsets, chunk, vec, case.row_bytes[j])
     write = vec / fig["smem_wavefront_bytes"]
     out = []

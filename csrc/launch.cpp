@@ -207,6 +207,19 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
   return {save, main};
 }
 
+void set_col_items(ColJob& p) {
+  auto at_least_1 = [](int64_t n) { return FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, n))); };
+  p.run_div = at_least_1(p.run);
+  if (!p.staged) {  // by the vectors of a slice (rows cut into slices: one row a tile)
+    p.items_div[0] = p.items_div[1] = at_least_1(p.slice_bytes / p.vec);
+  } else if (p.run < p.row_bytes) {  // rows fastest: by the tile's rows; the last tile may have fewer
+    p.items_div[0] = at_least_1(p.tile_rows);
+    p.items_div[1] = at_least_1(p.rows - (p.tiles - 1) * p.tile_rows);
+  } else {  // by the vectors of a row
+    p.items_div[0] = p.items_div[1] = at_least_1(p.row_bytes / p.vec);
+  }
+}
+
 // A staged tile holds whole rows (short runs: padded, see col_buf_pitch).
 int64_t col_buf_pitch(int64_t row_bytes, int64_t run, int vec) {
   // Rows of short runs are staged rows-fastest: a pad of one vector puts
@@ -261,6 +274,7 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
                                                     int64_t{kBatch} * p.vec * l.threads);
     }
     p.tiles = ceil_div(v.rows, p.tile_rows) * p.row_tiles;
+    set_col_items(p);
     l.smem_bytes = std::max(l.smem_bytes, smem);
     l.bytes[j] = v.rows * v.row_bytes;
     l.max_tile_bytes[j] = p.tile_rows * p.slice_bytes;

@@ -19,6 +19,7 @@ struct JobInfo {
   int64_t bytes;
   int64_t max_tile_bytes;
   int64_t inflight_bytes;
+  bool gathered_stage;  // column jobs: gathered in the stage loop, stored linearly (gathers_in_stage)
 };
 
 // One kernel launch, as the CUDA executor would make it.

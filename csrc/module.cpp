@@ -85,6 +85,7 @@ py::dict job_dict(const fp::JobInfo& j) {
   d["bytes"] = j.bytes;
   d["max_tile_bytes"] = j.max_tile_bytes;
   d["inflight_bytes"] = j.inflight_bytes;
+  d["gathered_stage"] = j.gathered_stage;
   return d;
 }
 

@@ -427,10 +427,12 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
 // Staged tiles (in place, or rows narrow enough): a tile of whole rows is
 // staged, logical bytes in order, and written back gathered; in place when
 // src == dst (a tile reads only its own rows, all of them before the
-// barrier). Direct tiles (out of place, any width, run == row_bytes): a
-// slice of destination bytes is staged from its gathered sources and written
-// out contiguously; chunks narrower than V are read straight from memory and
-// assembled in registers.
+// barrier). On a GPU, whole rows of chunks at least 16 bytes wide are staged
+// from their gathered sources instead and written back linearly
+// (gathers_in_stage). Direct tiles (out of place, any width, run ==
+// row_bytes): a slice of destination bytes is staged from its gathered
+// sources and written out contiguously; chunks narrower than V are read
+// straight from memory and assembled in registers.
 struct ColJob {
   const uint8_t* src;
   uint8_t* dst;
@@ -440,6 +442,7 @@ struct ColJob {
   int64_t row_bytes;             // logical bytes of a row
   int64_t run;                   // contiguous bytes (divides row_bytes)
   int64_t run_pitch;             // bytes from one run to the next
+  FastDiv run_div;               // by run (set_col_items; parallel tiles of short runs)
   const int32_t* source_offset;  // per destination chunk of a row: source byte offset
   int chunk_shift;               // log2(chunk bytes)
   int staged;                    // 1: whole rows staged; 0: direct
@@ -449,16 +452,21 @@ struct ColJob {
   int64_t row_tiles;             // direct: tiles across a row
   int64_t tiles;
   int vec;                       // vector width V
+  // Parallel tiles split item i into (row, vector) with one FastDiv, set up
+  // on the host (launch.cpp set_col_items): by the vectors of a row (direct
+  // tiles: of a slice), or by the tile's rows (rows-fastest staged tiles;
+  // [1] for the job's last tile, which may have fewer rows).
+  FastDiv items_div[2];
 };
 
 // Where logical byte b (a multiple of V, with V dividing run) of a row sits.
 // Short runs come only in staged GPU tiles, whose rows fit a tile buffer
-// (gpu_cols_staged_fit): 32-bit division, no 64-bit divide subroutine
-// (which spilled on sm_100).
+// (gpu_cols_staged_fit): 32-bit digits by a FastDiv, no 64-bit divide
+// subroutine (which spilled on sm_100) and no 32-bit divide.
 FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, int64_t b) {
   if (p.run == p.row_bytes) return b;
   const uint32_t i = static_cast<uint32_t>(b), run = static_cast<uint32_t>(p.run);
-  const uint32_t k = i / run;
+  const uint32_t k = p.run_div.div(i);
   return static_cast<int64_t>(k) * p.run_pitch + (i - k * run);
 }
 
@@ -504,6 +512,45 @@ inline void unpack_runs(uint8_t* d, const uint8_t* packed, int64_t runs, int64_t
   for (int64_t k = 0; k < runs; ++k) std::memcpy(d + k * pitch, packed + k * run, static_cast<size_t>(run));
 }
 
+// Parallel contexts: `nrows` rows of a tile from row r0, `per_row` vectors
+// of destination bytes each from byte b0 on (`div` divides by per_row),
+// where every vector has one contiguous source (chunks of at least V bytes).
+// The vectors are staged from their gathered sources in destination order,
+// then written out linearly: the shared-memory reads are conflict-free.
+// Whether a parallel column tile of vector width V gathers in its stage
+// loop (col_gathered_slice), rather than from its staged rows or straight
+// from memory: chunks at least V wide, and for staged tiles whole rows and
+// V = 16 (col_staged_tile says why). launch_info reports it for the model.
+// `staged` is p.staged, a constant in the kernels: with V, it keeps the
+// gathered form out of the staged kernel's other widths.
+FLASHMLA_PERM_HOST_DEVICE bool gathers_in_stage(const ColJob& p, int V, bool staged) {
+  if ((int64_t{1} << p.chunk_shift) < V) return false;
+  return !staged || (V == 16 && p.run == p.row_bytes);
+}
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, int64_t r0, uint32_t nrows, int64_t b0,
+                                           uint32_t per_row, FastDiv div, uint8_t* buf) {
+  const int32_t* offset = p.source_offset;
+  const int shift = p.chunk_shift;
+  const int64_t mask = (int64_t{1} << shift) - 1;
+  const uint32_t total = nrows * per_row;
+  stage_items<V>(ctx, total, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+    const uint32_t r = div.div(i);
+    const int64_t c = b0 + static_cast<int64_t>(i - r * per_row) * V;
+    b = buf + static_cast<int64_t>(i) * V;
+    s = p.src + p.src_rows.offset(r0 + r) + offset[c >> shift] + (c & mask);
+  });
+  ctx.stage_wait();
+  ctx.sync();
+  store_items<V>(ctx, total, [&](uint32_t i, uint8_t*& d) {
+    const uint32_t r = div.div(i);
+    d = p.dst + p.dst_rows.offset(r0 + r) + b0 + static_cast<int64_t>(i - r * per_row) * V;
+    return load_vec<V>(buf + static_cast<int64_t>(i) * V);
+  });
+  ctx.sync();  // the next tile reuses the buffer
+}
+
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
   const int64_t r0 = tile * p.tile_rows;
@@ -531,6 +578,16 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
         unpack_runs(d, out, runs, run, pitch);
       }
     }
+  } else if (gathers_in_stage(p, V, true)) {
+    // Whole rows of chunks at least V wide (the wo_a and wv weights): the
+    // gather goes in the cp.async addresses and the store phase is a linear
+    // copy. Gathered from the buffer, the wo_a weight's 16-byte pieces sat
+    // 512 bytes apart (4-way bank conflicts). In place it is safe: a tile
+    // reads only its own rows, all before its barrier. V = 16 only (the
+    // other widths keep the gather below): every width of this form took
+    // the sm_100 build past 255 registers, into spills.
+    col_gathered_slice<V>(ctx, p, r0, static_cast<uint32_t>(nr), 0, static_cast<uint32_t>(rb / V),
+                          p.items_div[0], buf);
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
     const uint32_t nrows = static_cast<uint32_t>(nr);
@@ -539,14 +596,16 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     // are neighbours in memory (k fastest). Short runs: neighbouring rows
     // are (the words of an MN-major scale), so r goes fastest.
     const bool rows_fastest = p.run < rb;
+    const FastDiv div = tile + 1 == p.tiles ? p.items_div[1] : p.items_div[0];
     auto split = [&](uint32_t i, uint32_t& r, int64_t& b) {
+      const uint32_t q = div.div(i);
       uint32_t k;
       if (rows_fastest) {
-        k = i / nrows;
-        r = i - k * nrows;
+        k = q;
+        r = i - q * nrows;
       } else {
-        r = i / per_row;
-        k = i - r * per_row;
+        r = q;
+        k = i - q * per_row;
       }
       b = static_cast<int64_t>(k) * V;
     };
@@ -580,41 +639,26 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
   const int64_t rt = tile / p.row_tiles;
+  const int64_t st = tile - rt * p.row_tiles;
   const int64_t r0 = rt * p.tile_rows;
-  const int64_t b0 = (tile - rt * p.row_tiles) * p.slice_bytes;
-  const int64_t nr = min_of(p.tile_rows, p.rows - r0);
-  const int64_t width = min_of(p.slice_bytes, p.row_bytes - b0);
-  const uint32_t per_row = static_cast<uint32_t>(width / V);
+  const int64_t b0 = st * p.slice_bytes;
+  const uint32_t nrows = static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0));
+  const uint32_t per_row = static_cast<uint32_t>(min_of(p.slice_bytes, p.row_bytes - b0) / V);
+  // By a full slice's vectors, also for a row's narrower last slice: a row
+  // cut into slices makes tiles of one row, so i / anything >= per_row is 0.
+  const FastDiv div = p.items_div[0];
+  if (gathers_in_stage(p, V, false)) {
+    col_gathered_slice<V>(ctx, p, r0, nrows, b0, per_row, div, buf);
+    return;
+  }
   const int32_t* offset = p.source_offset;
   const int shift = p.chunk_shift;
-  const uint32_t total = static_cast<uint32_t>(nr) * per_row;
-  auto src_row = [&](uint32_t r) { return p.src + p.src_rows.offset(r0 + r); };
-  auto dst_row = [&](uint32_t r) { return p.dst + p.dst_rows.offset(r0 + r) + b0; };
-  if ((1 << shift) >= V) {
-    // Each destination vector has one contiguous source: stage it.
-    const int64_t mask = (int64_t{1} << shift) - 1;
-    stage_items<V>(ctx, total, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-      const uint32_t r = i / per_row;
-      const int64_t c = b0 + static_cast<int64_t>(i - r * per_row) * V;
-      b = buf + static_cast<int64_t>(i) * V;
-      s = src_row(r) + offset[c >> shift] + (c & mask);
-    });
-    ctx.stage_wait();
-    ctx.sync();
-    store_items<V>(ctx, total, [&](uint32_t i, uint8_t*& d) {
-      const uint32_t r = i / per_row;
-      d = dst_row(r) + static_cast<int64_t>(i - r * per_row) * V;
-      return load_vec<V>(buf + static_cast<int64_t>(i) * V);
-    });
-    ctx.sync();
-  } else {
-    store_items<V, 1>(ctx, total, [&](uint32_t i, uint8_t*& d) {
-      const uint32_t r = i / per_row;
-      const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-      d = dst_row(r) + c;
-      return gather_vec<V>(src_row(r), offset, shift, b0 + c);
-    });
-  }
+  store_items<V, 1>(ctx, nrows * per_row, [&](uint32_t i, uint8_t*& d) {
+    const uint32_t r = div.div(i);
+    const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
+    d = p.dst + p.dst_rows.offset(r0 + r) + b0 + c;
+    return gather_vec<V>(p.src + p.src_rows.offset(r0 + r), offset, shift, b0 + c);
+  });
 }
 
 }  // namespace flashmla_perm

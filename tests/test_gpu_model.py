@@ -106,14 +106,14 @@ def direct_case(m):
 
 def direct_loops(stage, store):
     """The direct column kernel's loops with the given instructions per item."""
-    return {("cols_direct", "stage", 16, 0): (stage, 0.0), ("cols_direct", "store", 16, 16): (store, 0.0)}
+    return {("cols_direct", "gather_stage", 16, 0): (stage, 0.0), ("cols_direct", "linear_store", 16, 16): (store, 0.0)}
 
 
 def direct_launch(tiles, ctas_per_sm, sms=132, tile=TILE):
     grid = min(tiles, sms * ctas_per_sm)
     return {"kernel": "cols", "grid": grid, "ctas_per_sm": ctas_per_sm, "tiles": tiles,
             "jobs": [{"kind": "cols_direct", "vec": 16, "tiles": tiles, "bytes": tiles * tile,
-                      "max_tile_bytes": tile, "inflight_bytes": tile}]}
+                      "max_tile_bytes": tile, "inflight_bytes": tile, "gathered_stage": True}]}
 
 
 def fraction(m, launch, loops, fig=FIG):
@@ -218,6 +218,40 @@ def test_wo_a_gather_is_four_way_bank_conflicted():
     assert actual == ideal
 
 
+def test_the_wo_a_weight_gathers_in_its_stage_loop_and_stores_without_bank_conflicts():
+    """Chunks at least V wide: the staged tile gathers in the cp.async
+    addresses (gather_stage) and its store loop is a linear copy, so the
+    4-way conflicts above are not paid; the scale (1-byte chunks) still
+    gathers from the buffer."""
+    m = load_model()
+    weight = m.Case("wo_a", 1, [], "cols", 1, (32,), [], (m.o_offsets(8, 512, 32),), (4096,))
+    job = {"kind": "cols_staged", "vec": 16, "tiles": 2, "bytes": 2 * TILE, "max_tile_bytes": TILE,
+           "inflight_bytes": TILE, "gathered_stage": True}
+    assert m.job_loops(job, 32) == [("cols_staged", "gather_stage", 16, 0), ("cols_staged", "linear_store", 16, 16)]
+    loops = {("cols_staged", "gather_stage", 16, 0): (40.0, 0.0), ("cols_staged", "linear_store", 16, 16): (40.0, 0.0)}
+    tiles = m.job_tiles(job, weight, 0, loops, FIG)
+    assert len(tiles) == 2 and all(t.bank == 0 and t.store > 0 for t in tiles)
+    # The same weight gathered from its staged rows (as before, and as a
+    # V < 16 staged job still is): the 4-way conflicts are paid.
+    from_buffer = dict(job, gathered_stage=False)
+    assert m.job_loops(from_buffer, 32) == [("cols_staged", "stage", 16, 0), ("cols_staged", "store", 16, 16)]
+    loops = {("cols_staged", "stage", 16, 0): (40.0, 0.0), ("cols_staged", "store", 16, 16): (40.0, 0.0)}
+    assert all(t.bank > 0 for t in m.job_tiles(from_buffer, weight, 0, loops, FIG))
+
+
+@needs_native
+def test_the_launches_say_which_column_jobs_gather_in_the_stage_loop():
+    """gpu_launches reports the kernels' own choice (tile_bodies.h
+    gathers_in_stage): the wo_a and wv weights (32-byte chunks) and
+    permute_q gather in the stage loop; the scales (1-byte chunks) do not."""
+    from flashmla_perm import _ops
+    for op, dims, want in (("wo_a", [1024, 4096, 8], [True, False]),
+                           ("wv_packed", [8, 1024, 4096, 8], [True, False]),
+                           ("permute_q", [4096, 64, 512, 2], [True])):
+        jobs = [j for launch in _ops._C.gpu_launches(op, dims, {}) for j in launch["jobs"]]
+        assert [j["gathered_stage"] for j in jobs] == want, (op, jobs)
+
+
 FAKE_SASS = """
 \tFunction : _ZN13flashmla_perm4anon18flashmla_perm_rowsENS0_4JobsINS_6RowJobEEE
         /*0000*/                   MOV R1, R2 ;
@@ -245,6 +279,40 @@ def test_sass_reader_counts_the_full_batch_path():
     assert counts[("rows", "stage", 16, 0)] == (4.0, 0.0)
     # Store loop 0x70-0xc0: the path with both stores (6 instructions, two items).
     assert counts[("rows", "store", 16, 16)] == (3.0, 0.0)
+
+
+# A column kernel with both forms of a tile: rows staged in order and gathered
+# from the buffer (the offsets read in the store loop), and a gathered slice
+# (the offsets read in the stage loop, a linear store).
+FAKE_COLS_SASS = """
+\tFunction : _ZN13flashmla_perm4anon18flashmla_perm_colsILb1EEEvNS0_4JobsINS_6ColJobEEE
+        /*0000*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0020*/               @P1 BRA 0x0 ;
+        /*0030*/                   LDG.E R5, desc[UR4][R10.64] ;
+        /*0040*/                   IADD3 R6, R6, R5, RZ ;
+        /*0050*/                   LDS.128 R4, [R6] ;
+        /*0060*/                   STG.E.128 desc[UR4][R8.64], R4 ;
+        /*0070*/               @P1 BRA 0x30 ;
+        /*0080*/                   LDG.E R5, desc[UR4][R10.64] ;
+        /*0090*/                   IADD3 R2, R2, R5, RZ ;
+        /*00a0*/                   IADD3 R2, R2, 0x10, RZ ;
+        /*00b0*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*00c0*/               @P1 BRA 0x80 ;
+        /*00d0*/                   LDS.128 R4, [R6] ;
+        /*00e0*/                   STG.E.128 desc[UR4][R8.64], R4 ;
+        /*00f0*/               @P1 BRA 0xd0 ;
+        /*0100*/                   EXIT ;
+"""
+
+
+def test_sass_reader_tells_a_gathered_slice_from_a_gather_from_the_buffer():
+    m = load_model()
+    functions = m.sass_functions(FAKE_COLS_SASS)
+    figures = {(phase, piece): m.loop_figures(functions, "cols_staged", phase, 16, piece)
+               for phase, piece in (("stage", 0), ("store", 16), ("gather_stage", 0), ("linear_store", 16))}
+    assert figures == {("stage", 0): (3.0, 0.0), ("store", 16): (5.0, 0.0),
+                       ("gather_stage", 0): (5.0, 0.0), ("linear_store", 16): (3.0, 0.0)}
 
 
 @pytest.mark.skipif(not os.environ.get("FLASHMLA_PERM_SASS"), reason="FLASHMLA_PERM_SASS (a CUDA _C .so or its "

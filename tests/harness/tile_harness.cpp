@@ -348,13 +348,14 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
 
 // Columns: in place or out of place, elements of `esize` bytes; in place
 // rows too wide for a tile buffer go through the row plan over column blocks.
+// Out of place, the destination sits at `dst_offset`, by default 1-4 bytes
+// off the source's alignment: the vector width must follow both addresses
+// (a store checks it); an aligned one gives 16-byte vectors.
 void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset,
-                bool in_place, int threads, const std::string& name) {
+                bool in_place, int threads, const std::string& name, int64_t dst_offset = -1) {
   const int64_t row_bytes = static_cast<int64_t>(perm.size()) * esize;
   Rows src(rows, row_bytes, row_bytes + (offset % 3) * 16, offset);
-  // Out of place, the destination is 1-4 bytes off the source's alignment:
-  // the vector width must follow both addresses (a store checks it).
-  const Rows dst_rows(rows, row_bytes, src.row_stride, offset + 1 + offset % 4);
+  const Rows dst_rows(rows, row_bytes, src.row_stride, dst_offset >= 0 ? dst_offset : offset + 1 + offset % 4);
   Rows dst = in_place ? src : dst_rows;
   const std::vector<uint8_t> expected = src.cols_gathered(perm, esize, src.buf, dst.buf, dst.offset);
   const fp::ColPlan plan = fp::make_col_plan(perm, esize);
@@ -733,6 +734,38 @@ void stress(const std::vector<int>& thread_counts) {
     for (auto& c : cc)
       for (bool in_place : {true, false})
         check_cols(c.perm, c.esize, c.rows, c.offset, in_place, threads, c.name);
+    // Aligned rows and destinations, so the vectors are as wide as the layout
+    // allows (an unaligned destination above takes 1-byte vectors). Gathered
+    // slices (chunks of 16+ bytes gathered in the stage loop, V = 16):
+    // staged in place with a short last tile, padded row pitches, chunks of
+    // 16 to 64 bytes; direct out of place with rows cut into slices (a
+    // narrower last one) or several rows a tile. Beside them, the other
+    // gathers: from the staged rows (in place at V = 8; out of place with
+    // rows that fit a tile) and from memory (rows wider than a tile).
+    auto blocks = [](int64_t n, int64_t g) {
+      std::vector<int64_t> p;
+      for (int64_t b : random_perm(n))
+        for (int64_t i = 0; i < g; ++i) p.push_back(b * g + i);
+      return p;
+    };
+    struct AlignedCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset; bool in_place; };
+    std::vector<AlignedCase> gc = {
+        {"o 8x512, 10 rows", fp::o_fused_permutation(8, 512), 1, 10, 0, true},
+        {"o 8x512, pitch +16", fp::o_fused_permutation(8, 512), 1, 10, 16, true},
+        {"o 8x512, pitch +32", fp::o_fused_permutation(8, 512), 1, 11, 32, true},
+        {"16-byte blocks", blocks(64, 16), 1, 13, 0, true},
+        {"64-byte blocks", blocks(32, 64), 1, 13, 48, true},
+        {"16-byte blocks bf16", blocks(100, 8), 2, 9, 0, true},
+        {"wide random", random_perm(40000), 1, 3, 0, false},
+        {"wide random bf16", random_perm(20000), 2, 3, 0, false},
+        {"wide o 8x5024", fp::o_fused_permutation(8, 5024), 1, 3, 0, false},
+        {"random fp32", random_perm(3000), 4, 7, 0, false},
+        {"o 4x1024", fp::o_fused_permutation(4, 1024), 1, 23, 0, false},
+        {"wide 32-byte blocks", blocks(1250, 32), 1, 3, 0, false},
+        {"o 8x512, offset 8", fp::o_fused_permutation(8, 512), 1, 10, 8, true},
+        {"random 1000, 40 rows", random_perm(1000), 1, 40, 0, false},
+    };
+    for (auto& c : gc) check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
     check_long_cycles(threads, 3, serial);
