@@ -77,7 +77,7 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = "the CUDA build of the gathered-slice change (nvcc 13.0, sm_90; FastDiv in every loop; LDS in the rows store)"
+SASS_BUILD = "the CUDA build of the gathered-slice change (nvcc 13.0, sm_90; FastDiv item splits in every loop; LDS in the rows store)"
 # (instructions per item, 32-bit divisions per item) on that path.
 SASS_DEFAULTS = {
     ("rows", "stage", 16, 0): (47.0, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),

@@ -512,11 +512,6 @@ inline void unpack_runs(uint8_t* d, const uint8_t* packed, int64_t runs, int64_t
   for (int64_t k = 0; k < runs; ++k) std::memcpy(d + k * pitch, packed + k * run, static_cast<size_t>(run));
 }
 
-// Parallel contexts: `nrows` rows of a tile from row r0, `per_row` vectors
-// of destination bytes each from byte b0 on (`div` divides by per_row),
-// where every vector has one contiguous source (chunks of at least V bytes).
-// The vectors are staged from their gathered sources in destination order,
-// then written out linearly: the shared-memory reads are conflict-free.
 // Whether a parallel column tile of vector width V gathers in its stage
 // loop (col_gathered_slice), rather than from its staged rows or straight
 // from memory: chunks at least V wide, and for staged tiles whole rows and
@@ -528,6 +523,11 @@ FLASHMLA_PERM_HOST_DEVICE bool gathers_in_stage(const ColJob& p, int V, bool sta
   return !staged || (V == 16 && p.run == p.row_bytes);
 }
 
+// Parallel contexts: `nrows` rows of a tile from row r0, `per_row` vectors
+// of destination bytes each from byte b0 on (`div` divides by per_row),
+// where every vector has one contiguous source (chunks of at least V bytes).
+// The vectors are staged from their gathered sources in destination order,
+// then written out linearly: the shared-memory reads are conflict-free.
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, int64_t r0, uint32_t nrows, int64_t b0,
                                            uint32_t per_row, FastDiv div, uint8_t* buf) {
@@ -645,7 +645,8 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
   const uint32_t nrows = static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0));
   const uint32_t per_row = static_cast<uint32_t>(min_of(p.slice_bytes, p.row_bytes - b0) / V);
   // By a full slice's vectors, also for a row's narrower last slice: a row
-  // cut into slices makes tiles of one row, so i / anything >= per_row is 0.
+  // cut into slices makes tiles of one row, whose items all lie below
+  // per_row, so any divisor at least per_row gives row 0.
   const FastDiv div = p.items_div[0];
   if (gathers_in_stage(p, V, false)) {
     col_gathered_slice<V>(ctx, p, r0, nrows, b0, per_row, div, buf);
