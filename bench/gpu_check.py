@@ -9,16 +9,23 @@ one budget, the figures most wanted first:
   build      setup.py build_ext --inplace for that architecture only
   bench      bench/bench_load_time.py on CUDA: every kind, TP 1 2 4 8, wall and
              device times (CUDA graphs / profiler), per-kernel times, no memory probes
-  tests      the suite's CUDA tests (pytest -k cuda; not the >2^31-byte ones)
+  tests      the suite's CUDA tests (pytest -k cuda; not the >2^31-byte ones); with
+             pytest-xdist 4 workers, so that a test that crashes its process is
+             named and the rest still run; the crashed test again under cuda-gdb
+             for its native backtrace
   runtime    tests/test_cuda_runtime.py: streams, threads, graphs, cache eviction, >2^31 bytes
   ptxas      scripts/ptxas_gate.py on the build log (no spills, no stack)
-  model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
-             bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json)
   ncu        Nsight Compute on one native wq_b and one wo_a call at TP 1
              (bench/ncu_case.py): DRAM throughput as a fraction of peak,
              shared-memory bank conflicts, instructions issued per byte moved
   memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
   racecheck  the same under racecheck
+  sweep      the benchmark's wq_b and wo_a at TP1 again with FLASHMLA_PERM_MAX_CTAS_PER_SM
+             = each of SWEEP_CTAS: time against CTAs a SM (bytes in flight), which
+             tells the latency a tile sees from the issue rate ($OUT/sweep.json)
+  model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
+             bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json).
+             Last: it needs no GPU, and build.log and bench.json rerun it anywhere
 
 gpu_check.json ($OUT, default /tmp/gpu_check) is rewritten as each step
 starts and ends (name, status, seconds, timeout, log, figures), so a run cut
@@ -62,8 +69,8 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
-TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 60, "runtime": 35, "ptxas": 5,
-            "model": 60, "ncu": 40, "memcheck": 40, "racecheck": 40}
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 90, "runtime": 35, "ptxas": 5,
+            "ncu": 40, "memcheck": 40, "racecheck": 40, "sweep": 90, "model": 60}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -74,6 +81,8 @@ NCU_METRICS = {
     "gpu__time_duration.sum": "duration_ns",
 }
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
+TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
+SWEEP_CTAS = (1, 2, 3, 4, 6)  # the sweep's caps on CTAs a SM (the kernels plan 5 or 6)
 
 
 class StepFailed(Exception):
@@ -281,11 +290,12 @@ def step_bench(cfg, step):
         step.python("bench/bench_load_time.py", "--devices", "cuda", "--reps", "5", *common)
 
 
-def run_pytest(cfg, step, *args, env=None):
+def run_pytest(cfg, step, *args, env=None, check=True):
     env = dict(env or {}, FLASHMLA_PERM_EXPECT_NATIVE="1")
     if not cfg.dry:
         env["FLASHMLA_PERM_EXPECT_CUDA"] = "1"
-    step.python("-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", *args, env=env)
+    return step.python("-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", *args,
+                       env=env, check=check)
 
 
 def step_tests(cfg, step):
@@ -293,10 +303,47 @@ def step_tests(cfg, step):
     if step.python("-c", "import hypothesis", check=False) != 0:
         step.say("NOTE hypothesis is not installed: tests/test_fuzz.py left out")
         ignore.append("--ignore=tests/test_fuzz.py")
+    # With pytest-xdist (the GPU machine has it), a test that kills its
+    # process is reported by name and its worker replaced: the rest still run.
+    # (The first device run lost every test to one segfault.)
+    workers = []
+    if step.python("-c", "import xdist", check=False) == 0:
+        workers = ["-n", str(TEST_WORKERS)]
+        step.say(f"pytest-xdist: {TEST_WORKERS} workers; a crashed one is named and replaced")
     examples = os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES") or ("20" if cfg.dry else "200")
     device = "cpu" if cfg.dry else "cuda"
-    run_pytest(cfg, step, "-q", "tests", *ignore, "-k", f"{device} and not 2_31",
-               f"--junitxml={cfg.path('tests.xml')}", env={"FLASHMLA_PERM_FUZZ_EXAMPLES": examples})
+    rc = run_pytest(cfg, step, "-q", *workers, "tests", *ignore, "-k", f"{device} and not 2_31",
+                    f"--junitxml={cfg.path('tests.xml')}", env={"FLASHMLA_PERM_FUZZ_EXAMPLES": examples}, check=False)
+    crashed = crashed_tests(read_text(step.log_path))
+    if crashed and not cfg.dry:
+        native_backtrace(cfg, step, crashed[0])
+    if rc != 0:
+        raise StepFailed(f"pytest exited {rc}" + (f"; crashed: {', '.join(crashed)}" if crashed else ""))
+
+
+def crashed_tests(log):
+    """Tests that killed their process: named by xdist, or, without it, the
+    test function in faulthandler's traceback."""
+    named = re.findall(r"worker '\w+' crashed while running '([^']+)'", log, re.I)
+    if named:
+        return list(dict.fromkeys(named))
+    if "Fatal Python error" not in log:
+        return []
+    frames = re.findall(r'File "[^"]*/(tests/test_\w+\.py)", line \d+ in (test_\w+)', log)
+    return [f"{frames[0][0]}::{frames[0][1]}"] if frames else []
+
+
+def native_backtrace(cfg, step, node):
+    """The crashed test alone under cuda-gdb (the GPU machine has no gdb):
+    the native stack of the crash, into this step's log."""
+    gdb = find_tool("cuda-gdb")
+    if not gdb:
+        step.say(f"no cuda-gdb: no native backtrace of {node}")
+        return
+    step.say(f"== native backtrace of {node} (cuda-gdb)")
+    step.run([gdb, "-q", "-batch", "-ex", "set pagination off", "-ex", "run", "-ex", "bt 40",
+              "--args", cfg.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:faulthandler", node],
+             env={"FLASHMLA_PERM_EXPECT_NATIVE": "1"}, check=False)
 
 
 def step_runtime(cfg, step):
@@ -339,7 +386,9 @@ def step_ncu(cfg, step):
             step.python(*case)
             continue
         report = cfg.path(f"ncu_{kind}")
-        step.run([cfg.ncu, "--target-processes", "all", "--kernel-name-base", "mangled",
+        # --clock-control none: the card's clocks as the benchmark saw them
+        # (ncu's default locks them to base, and no figure here is about clocks).
+        step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
                   "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_METRICS),
                   "--export", report, "--force-overwrite", cfg.py, *case])
         step.run([cfg.ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
@@ -368,9 +417,28 @@ def step_racecheck(cfg, step):
     sanitize(cfg, step, "racecheck")
 
 
+def step_sweep(cfg, step):
+    """One benchmark process a cap (the cap is read once a process), the
+    copy beside the native op in each; their rows into sweep.json as each
+    ends, so that a timeout keeps the caps that finished."""
+    sweep = {}
+    for cap in SWEEP_CTAS:
+        out = cfg.path(f"sweep_{cap}.json")
+        args = ["bench/bench_load_time.py", "--devices", "cpu" if cfg.dry else "cuda", "--tp", "1",
+                "--kinds", "wq_b,wo_a", "--backends", "native", "--no-memory", "--json", out]
+        args += ["--layers", "2", "--reps", "1"] if cfg.dry else ["--reps", "5"]
+        step.python(*args, env={"FLASHMLA_PERM_MAX_CTAS_PER_SM": str(cap)})
+        doc = load_json(out) or {}
+        sweep[str(cap)] = {f"{r['kind']} {r['backend']}": {"device_ms_per_layer": r["device_ms_per_layer"],
+                                                           "x_copy_device": r["x_copy_device"]}
+                           for r in doc.get("rows", [])}
+        with open(cfg.path("sweep.json"), "w") as f:
+            json.dump(sweep, f, indent=2)
+
+
 STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "tests": step_tests, "runtime": step_runtime,
-         "ptxas": step_ptxas, "model": step_model, "ncu": step_ncu, "memcheck": step_memcheck,
-         "racecheck": step_racecheck}
+         "ptxas": step_ptxas, "ncu": step_ncu, "memcheck": step_memcheck, "racecheck": step_racecheck,
+         "sweep": step_sweep, "model": step_model}
 assert list(STEPS) == list(TIMEOUTS)
 
 
@@ -500,6 +568,8 @@ def figures(cfg, name):
         f = junit(cfg.path(f"{name}.xml"))
         if m := re.search(r"^NOTE (.*)$", log, re.M):
             f["note"] = m.group(1)
+        if crashed := crashed_tests(log):
+            f["crashed"] = crashed
         return f
     if name == "ptxas":
         ks = load_json(cfg.path("ptxas.json")) or []
@@ -521,6 +591,8 @@ def figures(cfg, name):
         return ncu_figures(cfg)
     if name in ("memcheck", "racecheck"):
         return sanitizer_figures(log)
+    if name == "sweep":
+        return {"max_ctas_per_sm": load_json(cfg.path("sweep.json")) or {}}
     return {}
 
 
@@ -637,6 +709,8 @@ def short(name, f):
     if name in ("tests", "runtime"):
         failed = f.get("failures", 0) + f.get("errors", 0)
         s = f"{f.get('passed', '?')} passed, {failed} failed, {f.get('skipped', 0)} skipped"
+        if f.get("crashed"):
+            s += f"; CRASHED: {', '.join(f['crashed'])}"
         return s + (f"; {f['note']}" if "note" in f else "")
     if name == "ptxas":
         return (f"{f['kernel_builds']} kernel builds, max {f['max_registers']} regs, "
@@ -650,6 +724,12 @@ def short(name, f):
                         v.get("error") or f"DRAM {v.get('dram_pct_of_peak')}% of peak, "
                         f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B")
             for k, v in f.items() if v)
+    if name == "sweep":
+        parts = []
+        for cap, rows in f.get("max_ctas_per_sm", {}).items():
+            x = [f"{k.split()[0]} {v['x_copy_device']:.2f}x" for k, v in rows.items() if k.endswith(" native")]
+            parts.append(f"{cap}: " + ", ".join(x))
+        return "CTAs/SM cap, native x copy: " + "; ".join(parts)
     if name in ("memcheck", "racecheck"):
         s = f"cases {f.get('cases_ok', '?')}/{f.get('cases', '?')} on {f.get('device', '?')}"
         if "hazards" in f:
@@ -688,7 +768,7 @@ def print_summary(record):
 
 # Files of an earlier run that this one rewrites (so that none is mistaken for this run's).
 OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
-           "model_fit.json",
+           "model_fit.json", "sweep.json", *(f"sweep_{c}.json" for c in SWEEP_CTAS),
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
 
 

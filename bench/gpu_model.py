@@ -96,16 +96,29 @@ H200 = {
     "hbm_tbps": 4.8,      # peak; not used in the time, printed beside the copy
     "copy_tbps": 4.3,     # device copy, read + write: ~90 % of peak, what a D2D copy reaches on HBM3e
     "latency_us": 0.7,    # DRAM load latency under load: 600-800 ns on Hopper (microbenchmarks)
+    "copy_latency_us": 0.7,  # a copy kernel's first bytes: the same latency
     "launch_us": 2.5,     # per launch, back to back on a stream: 2-4 us
     "ipc": 1.0,           # instructions a scheduler issues a clock (at most one)
     "tile_cycles": 400,   # per tile: its setup (64-bit tile geometry), cp.async wait, two barriers; an estimate
     "smem_wavefront_bytes": 128,  # shared memory serves 128 bytes a clock per SM (32 banks x 4 bytes)
 }
 
+# The figures `--measured` fitted to the first device run (NVIDIA H200, driver
+# 580.159.04, torch 2.11.0+cu130, 2026-12-04; bench/gpu_check.sh's bench.json,
+# wq_b and wo_a at TP 1-8; docs/PERFORMANCE.md): the bandwidth and launch of
+# the benchmark's copies, and the load latency a tile sees and the issue rate
+# that best explain the kernels' device times. The default since that run.
+H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753}
+FIGURE_SETS = {"measured": "fitted to the H200 run of 2026-12-04",
+               "stated": "data sheet and microbenchmarks, before any device run"}
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = p.add_argument_group("device figures (H200 defaults; stated, not measured here)")
+    d = p.add_argument_group("device figures (H200 defaults: --figures; each flag overrides its own)")
+    d.add_argument("--figures", choices=tuple(FIGURE_SETS), default="measured",
+                   help="defaults for bandwidth, launch, latency and issue rate: " +
+                        "; ".join(f"{k}: {v}" for k, v in FIGURE_SETS.items()))
     d.add_argument("--sms", type=int, default=H200["sms"], help="SMs")
     d.add_argument("--smem-per-sm-kib", type=int, default=H200["smem_per_sm_kib"], help="shared memory per SM")
     d.add_argument("--smem-reserved-per-cta", type=int, default=1024, help="bytes the runtime keeps per CTA")
@@ -114,12 +127,15 @@ def parse_args(argv=None):
     d.add_argument("--max-ctas-per-sm", type=int, default=32)
     d.add_argument("--clock-ghz", type=float, default=H200["clock_ghz"], help="SM clock (boost)")
     d.add_argument("--schedulers", type=int, default=H200["schedulers"], help="warp schedulers per SM")
-    d.add_argument("--ipc", type=float, default=H200["ipc"], help="instructions a scheduler issues a clock")
+    d.add_argument("--ipc", type=float, default=None, help="instructions a scheduler issues a clock")
     d.add_argument("--hbm-tbps", type=float, default=H200["hbm_tbps"], help="HBM peak (printed only)")
-    d.add_argument("--copy-tbps", type=float, default=H200["copy_tbps"],
+    d.add_argument("--copy-tbps", type=float, default=None,
                    help="device-to-device copy bandwidth, read and write bytes both counted (TB/s)")
-    d.add_argument("--latency-us", type=float, default=H200["latency_us"], help="DRAM load latency (us)")
-    d.add_argument("--launch-us", type=float, default=H200["launch_us"], help="per launch (us)")
+    d.add_argument("--latency-us", type=float, default=None,
+                   help="load latency a tile of our kernels sees (us)")
+    d.add_argument("--copy-latency-us", type=float, default=H200["copy_latency_us"],
+                   help="a copy kernel's latency to its first bytes (us): its fixed cost is launch + this")
+    d.add_argument("--launch-us", type=float, default=None, help="per launch (us)")
     d.add_argument("--tile-cycles", type=float, default=H200["tile_cycles"],
                    help="SM cycles per tile outside the item loops (stated estimate)")
     r = p.add_argument_group("kernels")
@@ -136,7 +152,12 @@ def parse_args(argv=None):
     p.add_argument("--measured", metavar="FILE",
                    help="a device run's gpu_check.json (or bench_load_time.py --json): predicted vs measured, fit")
     p.add_argument("--ops", help="only these ops (comma-separated)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    chosen = H200_MEASURED if args.figures == "measured" else H200
+    for k in H200_MEASURED:
+        if getattr(args, k) is None:
+            setattr(args, k, chosen[k])
+    return args
 
 
 # --------------------------------------------------------------------------- SASS: instructions per item
@@ -636,7 +657,8 @@ def launch_components(launch, case, loops, fig):
 
 
 def figures(args):
-    return {"bw": args.copy_tbps * 1e12, "latency": args.latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
+    return {"bw": args.copy_tbps * 1e12, "latency": args.latency_us * 1e-6,
+            "copy_latency": args.copy_latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
             "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc, "tile_cycles": args.tile_cycles,
             "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"]}
 
@@ -682,7 +704,7 @@ def device_dict(args, regs_per_thread):
 def copy_time(kernels, nbytes, fig):
     """A device copy of nbytes in `kernels` kernels: each a launch and a
     latency, then every byte read and written at the copy's bandwidth."""
-    return kernels * (fig["launch"] + fig["latency"]) + 2 * nbytes / fig["bw"]
+    return kernels * (fig["launch"] + fig.get("copy_latency", fig["latency"])) + 2 * nbytes / fig["bw"]
 
 
 def model_case(case, launches, fig, loops, target):
@@ -731,7 +753,7 @@ def print_table(args, records, sources):
     print(f"device: {args.sms} SMs at {args.clock_ghz} GHz, {args.schedulers} schedulers x {args.ipc} instr/clk, "
           f"{args.smem_per_sm_kib} KiB shared memory; copy {args.copy_tbps} TB/s (read + write; HBM peak "
           f"{args.hbm_tbps}), latency {args.latency_us} us, launch {args.launch_us} us, {args.tile_cycles:g} "
-          f"cycles a tile [stated]")
+          f"cycles a tile [{args.figures}: {FIGURE_SETS[args.figures]}; flags override]")
     for name, src in sources.items():
         print(f"{name}: {src}")
     print(f"loads in flight for full bandwidth (bandwidth/2 x latency): {need / MiB:.2f} MiB, "
@@ -832,34 +854,61 @@ def native_error(args, loops, regs, C, rows, only):
     return err
 
 
-def fit_ipc(args, loops, regs, C, rows, only, lo=0.05, hi=2.0, rounds=18):
-    """The issue rate (instructions a scheduler issues a clock) that best
-    explains the native times: golden-section search on its log."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = math.log(lo), math.log(hi)
+def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
+    """A minimum of err near x0 (a list of floats): the Nelder-Mead simplex,
+    for a few smooth parameters with no derivatives."""
+    n = len(x0)
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    values = [err(x) for x in simplex]
+    used = n + 1
+    while used < evals:
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tol * (abs(values[0]) + tol):
+            break
+        centre = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        toward = lambda t: [c + t * (w - c) for c, w in zip(centre, simplex[-1])]  # noqa: E731
+        reflected = toward(-1.0)
+        fr = err(reflected)
+        used += 1
+        if fr < values[0]:
+            expanded = toward(-2.0)
+            fe = err(expanded)
+            used += 1
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5)
+            fc = err(contracted)
+            used += 1
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink toward the best
+                for i in range(1, n + 1):
+                    simplex[i] = [b + 0.5 * (x - b) for b, x in zip(simplex[0], simplex[i])]
+                    values[i] = err(simplex[i])
+                used += n
+    return simplex[min(range(n + 1), key=values.__getitem__)]
 
+
+def fit_latency_and_ipc(args, loops, regs, C, rows, only):
+    """The tiles' load latency (us) and the issue rate (instructions a
+    scheduler issues a clock) that best explain the native times, fitted
+    together (they trade against each other) on their logarithms."""
     def err(x):
-        args.ipc = math.exp(x)
+        args.latency_us, args.ipc = math.exp(x[0]), math.exp(x[1])
         return native_error(args, loops, regs, C, rows, only)
 
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = err(c), err(d)
-    for _ in range(rounds):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = err(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = err(d)
-    return math.exp((a + b) / 2)
+    best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)])
+    args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
+    return args.latency_us, args.ipc
 
 
 def compare_measured(args, loops, regs, C):
-    """Predicted against measured per op and TP, then the fit: latency and
-    bandwidth from the copies (least squares), the issue rate from the
-    native rows (golden section). Returns the fitted figures."""
+    """Predicted against measured per op and TP, then the fit: bandwidth and
+    launch from the copies (least squares), the tiles' latency and the issue
+    rate from the native rows (golden sections). Returns the fitted figures."""
     rows = measured_rows(args.measured)
     ops = sorted({k for k, _, _ in rows if k in {c.op for c in cases(args.ops.split(",") if args.ops else None)}})
     if not ops:
@@ -880,12 +929,13 @@ def compare_measured(args, loops, regs, C):
     if copy:
         fixed, bw = copy
         args.copy_tbps = bw / 1e12
-        args.latency_us = max(fixed * 1e6 - args.launch_us, 0.0)
-        fitted.update(copy_tbps=args.copy_tbps, latency_us=args.latency_us)
+        args.launch_us = max(fixed * 1e6 - args.copy_latency_us, 0.0)
+        fitted.update(copy_tbps=args.copy_tbps, launch_us=args.launch_us)
     if any((r["op"], r["tp"], "native") in rows for r in records):
-        fitted["ipc"] = fit_ipc(args, loops, regs, C, rows, ops)
+        fitted["latency_us"], fitted["ipc"] = fit_latency_and_ipc(args, loops, regs, C, rows, ops)
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in fitted.items())
-          + f" (latency with launch {args.launch_us} us held: the copies give launch + latency together)")
+          + f" (the copies give bandwidth and launch + their latency, held at {args.copy_latency_us} us;"
+          " the native rows give the tiles' latency and the issue rate)")
     after = model_cases(args, figures(args), loops, regs, C, ops)
     for r in after:
         m = rows.get((r["op"], r["tp"], "native"))

@@ -9,6 +9,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 
@@ -131,6 +134,20 @@ void launch(const Launch& l, cudaStream_t stream) {
 
 }  // namespace
 
+// FLASHMLA_PERM_MAX_CTAS_PER_SM=n plans at most n CTAs a SM (fewer bytes in
+// flight, the same work): the device check's sweep, which tells the load
+// latency a tile sees from the issue rate (bench/gpu_check.py). Read with the
+// device's figures, once a process.
+static int ctas_per_sm_cap() {
+  const char* text = std::getenv("FLASHMLA_PERM_MAX_CTAS_PER_SM");
+  if (text == nullptr || *text == '\0') return std::numeric_limits<int>::max();
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= 1 && n <= 1024, "FLASHMLA_PERM_MAX_CTAS_PER_SM must be a whole number from 1 to ",
+              "1024, got '", text, "'");
+  return static_cast<int>(n);
+}
+
 DeviceSpec cuda_device_spec(c10::Device device) {
   // Queried once per device: no driver call on the hot path.
   static std::mutex mu;
@@ -148,7 +165,7 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.smem_reserved_per_cta = static_cast<int64_t>(prop.reservedSharedMemPerBlock);
   s.threads_per_sm = prop.maxThreadsPerMultiProcessor;
   s.regs_per_sm = prop.regsPerMultiprocessor;
-  s.max_ctas_per_sm = prop.maxBlocksPerMultiProcessor;
+  s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor, ctas_per_sm_cap());
   auto regs_of = [](const void* kernel) {
     // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
     // 33 KiB), so ask for the largest carveout rather than the driver's guess.

@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
+import zlib
 
 import pytest
 import torch
@@ -300,7 +301,11 @@ def test_a_capture_that_needs_a_blocking_copy_says_so_and_moves_nothing(perm_on,
     device-to-host copy), a plan not yet on the device (its upload). Once the
     op has run outside capture, the same call captures and replays."""
     t = random_tensor((256, 64), torch.bfloat16, "cuda", gen)
-    perm = torch.randperm(256, generator=gen).to(perm_on)  # values no other test uses
+    # Values no other call in the process used: the plans are cached by value,
+    # so a permutation met before (the other parametrisation draws from the
+    # same seed) would already be on the device and capture without a word.
+    own = torch.Generator().manual_seed(zlib.crc32(f"refused capture, perm on {perm_on}".encode()))
+    perm = torch.randperm(256, generator=own).to(perm_on)
     says = "perm is a CUDA tensor" if perm_on == "cuda" else "plan is not on"
     before = t.clone()
     with pytest.raises(RuntimeError, match=f"{says}.*capturing a CUDA graph.*warm-up"):

@@ -325,9 +325,10 @@ def test_recorded_counts_match_the_build():
 
 @needs_native
 def test_measured_round_trip(tmp_path):
-    """A measured file made by the model itself with other latency, bandwidth
-    and issue rate: the fit finds them again."""
-    altered = {"copy_tbps": 3.7, "latency_us": 1.4, "ipc": 0.45}
+    """A measured file made by the model itself with other bandwidth, launch,
+    tile latency and issue rate (the copies' latency as stated, which the
+    fit holds): the fit finds them again."""
+    altered = {"copy_tbps": 3.7, "launch_us": 1.6, "latency_us": 1.4, "ipc": 0.45}
     ops = "wq_b,wo_a"
     proc, records = run_model(tmp_path, "--ops", ops, *(f"--{k.replace('_', '-')}={v}" for k, v in altered.items()),
                               name="altered.json")
