@@ -73,11 +73,14 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # took 54 + 66.1 instructions per item of the wo_a weight (stage in order,
 # gather from the buffer) and 54 + 138.5 of its scale, the direct one 44 +
 # 49.2; before FastDiv (commit 0ca06ab) rows took 60 + 89 and save_heads
-# 54.8; e8ce307, before the rows store read its buffer with LDS, rows 49 + 59.
+# 54.8; e8ce307, before the rows store read its buffer with LDS, rows 49 + 59;
+# before two-stage direct tiles (the loops averaged over the one-stage and
+# the two-stage copies since), direct 39 + 35 and 13504 in the kernel.
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = "the CUDA build of the gathered-slice change (nvcc 13.0, sm_90; FastDiv item splits in every loop; LDS in the rows store)"
+SASS_BUILD = ("the CUDA build of the two-stage direct tiles (nvcc 13.0, sm_90; gathered slices, FastDiv item splits "
+              "in every loop, LDS in the rows store)")
 # (instructions per item, 32-bit divisions per item) on that path.
 SASS_DEFAULTS = {
     ("rows", "stage", 16, 0): (47.0, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
@@ -85,10 +88,10 @@ SASS_DEFAULTS = {
     ("cols_staged", "gather_stage", 16, 0): (37.5, 0.0), ("cols_staged", "linear_store", 16, 16): (34.4, 0.0),
     ("cols_staged", "stage", 16, 0): (39.0, 0.0), ("cols_staged", "store", 16, 1): (121.0, 0.0),
     ("cols_staged", "stage", 4, 0): (37.0, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
-    ("cols_direct", "gather_stage", 16, 0): (39.0, 0.0), ("cols_direct", "linear_store", 16, 16): (35.0, 0.0),
+    ("cols_direct", "gather_stage", 16, 0): (40.3, 0.0), ("cols_direct", "linear_store", 16, 16): (35.2, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 14216, "cols_direct": 13504}
+SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 14216, "cols_direct": 16160}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -146,6 +149,10 @@ def parse_args(argv=None):
     for k, v in DEFAULT_REGS.items():
         r.add_argument(f"--regs-{k.replace('_', '-')}", type=int, help=f"override ({k} kernel; today {v})")
     r.add_argument("--max-ctas", type=int, help="cap CTAs per SM (a what-if: the launches are re-planned)")
+    r.add_argument("--stages", type=int, default=1,
+                   help="tile buffers a CTA cycles through (a what-if; the kernels have 1): with 2, a tile's "
+                        "loads are in flight while the one before it stores. Each buffer is the planned tile, "
+                        "so the CTAs a SM fall to what the shared memory holds")
     p.add_argument("--target", type=float, default=0.9, help="fraction of the copy the kernels aim for")
     p.add_argument("--json", metavar="PATH", help="write one record per op and case here")
     p.add_argument("--check", action="store_true", help="exit 1 if any case is below the target")
@@ -527,9 +534,24 @@ def balanced(tiles, grid):
 
 # --------------------------------------------------------------------------- the simulation
 
+def cta_program(tiles, stages):
+    """The order a CTA issues its tiles' loops in, with `stages` tile buffers:
+    ("stage", k) issues tile k's loads, ("wait", k) waits for them to land,
+    ("store", k) issues its stores, after which its buffer takes tile k +
+    stages. One stage: stage 0, wait 0, store 0, stage 1, ...; two: stage 0,
+    stage 1, wait 0, store 0, stage 2, wait 1, ..."""
+    prog = [("stage", k) for k in range(min(stages, tiles))]
+    for k in range(tiles):
+        prog += [("wait", k), ("store", k)]
+        if k + stages < tiles:
+            prog.append(("stage", k + stages))
+    return prog
+
+
 def simulate(tiles, grid, fig, sm_time=True, bank=True):
     """Kernel time (s) of one launch: tile t to CTA t % grid, CTA c on SM c %
-    SMs; each CTA stages a tile, waits, stores it, then goes on (one stage).
+    SMs; each CTA runs cta_program with fig["stages"] tile buffers (1, the
+    kernels today: it stages a tile, waits, stores it, then goes on).
 
     Memory: one pipe of `bw`, first come first served; a tile's loads are
     servable `latency` after its stage loop starts and land no earlier than
@@ -541,11 +563,12 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     for t, tile in enumerate(tiles):
         work[t % grid].append(tile)
     n = len(work)
-    tile_idx = [0] * n
-    phase = [None] * n       # "stage", "wait", "store", None (done)
-    left = [0.0] * n         # SM cycles left in the current issue phase
-    served = [None] * n      # when the pipe finished this tile's loads
-    stage_end = [None] * n
+    prog = [cta_program(len(w), fig.get("stages", 1)) for w in work]
+    pc = [0] * n             # the op each CTA is at
+    left = [0.0] * n         # SM cycles left in the current issue op
+    served = [{} for _ in range(n)]     # tile -> when the pipe finished its loads
+    stage_end = [{} for _ in range(n)]  # tile -> when its stage loop ended
+    landed = [{} for _ in range(n)]     # tile -> when its loads landed
     sm_of = [c % sms for c in range(n)]
     sm_ctas = {}             # SM -> CTAs issuing on it
     sm_clock = {}            # SM -> time their `left` was last brought up to date
@@ -576,34 +599,43 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         for c in ctas:
             push(now + max(left[c], 0.0) / rate, "issued", c, version[sm])
 
-    def begin(c, which, now):
-        phase[c] = which
-        left[c] = cycles_of(work[c][tile_idx[c]], which)
-        settle(sm_of[c], now)
-        sm_ctas[sm_of[c]].append(c)
-        settle(sm_of[c], now)
+    def maybe_land(c, k):
+        if k in served[c] and k in stage_end[c]:
+            push(max(served[c][k], stage_end[c][k] + latency), "landed", c, k)
 
-    def start_tile(c, now):
-        served[c], stage_end[c] = None, None
-        push(now + latency, "servable", c)
-        begin(c, "stage", now)
-
-    def maybe_land(c):
-        if served[c] is not None and stage_end[c] is not None:
-            push(max(served[c], stage_end[c] + latency), "landed", c)
+    def run(c, now):
+        """CTA c starts its next op (a wait that has landed passes at once)."""
+        while pc[c] < len(prog[c]):
+            op, k = prog[c][pc[c]]
+            if op == "wait":
+                if k not in landed[c]:
+                    return  # the landed event resumes it
+                pc[c] += 1
+                continue
+            if op == "stage":
+                push(now + latency, "servable", c, k)
+            else:
+                # The store loop's stores reach the pipe as it issues them: they
+                # are servable from its start (as a tile's loads are from its
+                # stage loop's start); nobody waits for them.
+                push(now, "servable", -1, -work[c][k].bytes)
+            left[c] = cycles_of(work[c][k], op)
+            settle(sm_of[c], now)
+            sm_ctas[sm_of[c]].append(c)
+            settle(sm_of[c], now)
+            return
 
     for c in range(n):
-        if work[c]:
-            start_tile(c, 0.0)
+        run(c, 0.0)
     while events:
         now, _, kind, c, tag = heapq.heappop(events)
-        if kind == "servable":  # a tile's loads (c >= 0) or stores (c < 0: -bytes) reach the pipe
-            nbytes = work[c][tile_idx[c]].bytes if c >= 0 else -tag
+        if kind == "servable":  # a tile's loads (c >= 0, tile tag) or stores (c < 0: -bytes) reach the pipe
+            nbytes = work[c][tag].bytes if c >= 0 else -tag
             pipe_free = max(pipe_free, now) + nbytes / bw
             end = max(end, pipe_free)
             if c >= 0:
-                served[c] = pipe_free
-                maybe_land(c)
+                served[c][tag] = pipe_free
+                maybe_land(c, tag)
         elif kind == "issued":
             sm = sm_of[c]
             if tag != version[sm] or c not in sm_ctas.get(sm, []):
@@ -611,22 +643,19 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
             settle(sm, now)
             sm_ctas[sm].remove(c)
             settle(sm, now)
-            if phase[c] == "stage":
-                phase[c], stage_end[c] = "wait", now
-                maybe_land(c)
-            else:  # stores issued (they reached the pipe as the loop began): go on to the next tile
+            op, k = prog[c][pc[c]]
+            if op == "stage":
+                stage_end[c][k] = now
+                maybe_land(c, k)
+            else:  # stores issued (they reached the pipe as the loop began)
                 end = max(end, now)
-                tile_idx[c] += 1
-                if tile_idx[c] < len(work[c]):
-                    start_tile(c, now)
-                else:
-                    phase[c] = None
+            pc[c] += 1
+            run(c, now)
         elif kind == "landed":
-            # The store loop's stores reach the pipe as it issues them: they are
-            # servable from its start (as a tile's loads are from its stage
-            # loop's start); nobody waits for them.
-            push(now, "servable", -1, -work[c][tile_idx[c]].bytes)
-            begin(c, "store", now)
+            landed[c][tag] = now
+            if pc[c] < len(prog[c]) and prog[c][pc[c]] == ("wait", tag):
+                pc[c] += 1
+                run(c, now)
     return end
 
 
@@ -641,6 +670,7 @@ def issue_bound(tiles, grid, fig, bank=True):
 
 def launch_components(launch, case, loops, fig):
     """One launch's time (s) by cause; the causes sum to the simulated time."""
+    fig = launch_fig(launch, fig)
     grid = launch["grid"]
     tiles = launch_tiles(launch, case, loops, fig)
     even = balanced(tiles, grid)
@@ -661,6 +691,23 @@ def figures(args):
             "copy_latency": args.copy_latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
             "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc, "tile_cycles": args.tile_cycles,
             "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"]}
+
+
+def with_stages(launch, args):
+    """A launch of one stage given `args.stages` buffers of its tile a CTA (a
+    what-if): as many CTAs a SM as the shared memory then holds (never more
+    than planned). Launches the executor already plans with two (direct
+    gathered tiles: launch.cpp set_two_stages) keep theirs."""
+    if args.stages == 1 or launch.get("stages", 1) > 1 or not launch["smem_bytes"]:
+        return launch
+    per_cta = args.stages * launch["smem_bytes"] + args.smem_reserved_per_cta
+    ctas = max(1, min(launch["ctas_per_sm"], args.smem_per_sm_kib * KiB // per_cta))
+    return {**launch, "stages": args.stages, "ctas_per_sm": ctas, "grid": min(launch["tiles"], args.sms * ctas)}
+
+
+def launch_fig(launch, fig):
+    """The figures one launch simulates with: its tile buffers a CTA."""
+    return {**fig, "stages": launch.get("stages", 1)}
 
 
 # --------------------------------------------------------------------------- inputs: registers, launches
@@ -738,6 +785,7 @@ def model_cases(args, fig, loops, regs, C, only=None):
     records = []
     for case in cases(only or (args.ops.split(",") if args.ops else None)):
         launches = C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_dict(args, regs[case.kernel]))
+        launches = [with_stages(l, args) for l in launches]
         records.append(model_case(case, launches, fig, loops, args.target))
     return records
 
@@ -840,7 +888,7 @@ def predicted_time(case, launches, fig, loops):
     """The prediction alone (s): the launches and the real schedule, no
     counterfactual runs (what a fit evaluates many times)."""
     return len(launches) * fig["launch"] + sum(
-        simulate(launch_tiles(l, case, loops, fig), l["grid"], fig) for l in launches if l["tiles"])
+        simulate(launch_tiles(l, case, loops, fig), l["grid"], launch_fig(l, fig)) for l in launches if l["tiles"])
 
 
 def native_error(args, loops, regs, C, rows, only):

@@ -47,6 +47,17 @@ struct CudaCtx {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
   }
+  __device__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  }
+  template <int N>
+  __device__ void stage_wait_prior() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+  }
 };
 
 template <class Job>
@@ -97,11 +108,28 @@ __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_save_heads(Jobs<Row
 }
 
 // Staged and direct tiles in kernels of their own (a launch's jobs are all
-// one or the other): one body each keeps the registers down.
+// one or the other): one body each keeps the registers down. Direct jobs
+// that gather in their stage loop come with two tile buffers (stage_bytes,
+// launch.cpp) and run two_stage_loop.
 template <bool kStaged>
 __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
+  if constexpr (!kStaged) {
+    if (p.job[0].stage_bytes > 0) {
+      const int64_t split = p.job[0].tiles;
+      const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
+      // V = 16: launch.cpp set_two_stages plans two stages for no other width.
+      two_stage_loop(ctx, blockIdx.x, gridDim.x, total, reinterpret_cast<uint8_t*>(smem), p.job[0].stage_bytes,
+                     [&](int64_t t, uint8_t* buf, bool store) {
+                       if (t < split)
+                         col_direct_half<16>(ctx, p.job[0], t, buf, store);
+                       else
+                         col_direct_half<16>(ctx, p.job[1], t - split, buf, store);
+                     });
+      return;
+    }
+  }
   for_each_tile(p, AllTiles{}, [&](const ColJob& job, int64_t tile) {
     with_vector_width(job.vec, [&](auto v) {
       constexpr int V = decltype(v)::value;

@@ -81,6 +81,24 @@ ColJob col_job(const ColView& v, const ColPlan& plan, const int32_t* offsets) {
   return p;
 }
 
+// Direct jobs that all gather in their stage loop at V = 16 (permute_q) get
+// two tile buffers: a CTA stages its next tile while it stores this one
+// (two_stage_loop). Within kGpuTileBudget: a direct tile is at most
+// kGpuDirectSlice. The first device run found the kernels waiting on each
+// tile's round trip (docs/PERFORMANCE.md). V = 16 only: the loop at every
+// width took the sm_80 build into spills.
+void set_two_stages(Launch& l) {
+  int64_t buf = 0;
+  for (int j = 0; j < l.num_jobs; ++j) {
+    const ColJob& p = l.cols[j];
+    if (p.staged || p.vec != 16 || !gathers_in_stage(p, 16, false)) return;
+    buf = std::max(buf, round_up(p.tile_rows * p.slice_bytes, 16));
+  }
+  for (int j = 0; j < l.num_jobs; ++j) l.cols[j].stage_bytes = buf;
+  l.smem_bytes = 2 * buf;
+  l.stages = 2;
+}
+
 void finish(Launch& l, const DeviceSpec& dev) {
   l.tiles = 0;
   for (int j = 0; j < l.num_jobs; ++j) l.tiles += l.job_tiles(j);
@@ -279,6 +297,7 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
     l.bytes[j] = v.rows * v.row_bytes;
     l.max_tile_bytes[j] = p.tile_rows * p.slice_bytes;
   }
+  set_two_stages(l);
   finish(l, dev);
   if (n == 2 && l.cols[0].staged != l.cols[1].staged) {
     std::vector<Launch> apart;

@@ -63,6 +63,7 @@ constexpr int64_t kGpuTileBudget = 32 * 1024;
 constexpr int64_t kGpuSliceAlign = 128;
 // Direct (out-of-place) column tiles: destination bytes per tile.
 constexpr int64_t kGpuDirectSlice = 16 * 1024;
+static_assert(2 * kGpuDirectSlice <= kGpuTileBudget, "two direct tile buffers (set_two_stages) within the budget");
 // Jobs (tensors) one launch carries: a model op's weight and scale.
 constexpr int kMaxJobs = 2;
 
@@ -111,6 +112,7 @@ struct Launch {
   int64_t tiles = 0;
   int threads = kGpuThreads;
   int64_t smem_bytes = 0;
+  int stages = 1;  // tile buffers a CTA cycles through (2: direct gathered tiles, two_stage_loop)
   int ctas_per_sm = 0;
   int64_t grid = 0;
   int64_t job_tiles(int j) const;

@@ -28,6 +28,7 @@ struct LaunchInfo {
   int64_t grid;
   int threads;
   int64_t smem_bytes;
+  int stages;  // tile buffers a CTA cycles through (Launch::stages)
   int ctas_per_sm;
   int64_t tiles;
   std::vector<JobInfo> jobs;

@@ -97,6 +97,7 @@ py::dict launch_dict(const fp::LaunchInfo& l) {
   d["grid"] = l.grid;
   d["threads"] = l.threads;
   d["smem_bytes"] = l.smem_bytes;
+  d["stages"] = l.stages;
   d["ctas_per_sm"] = l.ctas_per_sm;
   d["tiles"] = l.tiles;
   d["jobs"] = jobs;

@@ -11,6 +11,9 @@
 //   template <int V> void stage(uint8_t* buf, const uint8_t* src);
 //                                           // buf <- src, V bytes, may be asynchronous
 //   void stage_wait();                      // this thread's stages have landed
+// and parallel contexts that run two_stage_loop also:
+//   void stage_commit();                    // the stages since the last commit form a group
+//   template <int N> void stage_wait_prior();  // all but this thread's newest N groups have landed
 //
 // Parallel tiles all follow one pattern: stage every byte the tile reads into
 // its buffer (all loads in flight at once: cp.async on a GPU, so no register
@@ -450,6 +453,8 @@ struct ColJob {
   int64_t buf_pitch;             // staged: bytes from one row of the tile buffer to the next
   int64_t slice_bytes;           // direct: destination bytes of each row of one tile
   int64_t row_tiles;             // direct: tiles across a row
+  int64_t stage_bytes;           // direct, two stages (two_stage_loop): bytes from one tile buffer to
+                                 // the other; 0: one stage
   int64_t tiles;
   int vec;                       // vector width V
   // Parallel tiles split item i into (row, vector) with one FastDiv, set up
@@ -526,28 +531,46 @@ FLASHMLA_PERM_HOST_DEVICE bool gathers_in_stage(const ColJob& p, int V, bool sta
 // Parallel contexts: `nrows` rows of a tile from row r0, `per_row` vectors
 // of destination bytes each from byte b0 on (`div` divides by per_row),
 // where every vector has one contiguous source (chunks of at least V bytes).
-// The vectors are staged from their gathered sources in destination order,
-// then written out linearly: the shared-memory reads are conflict-free.
+// The vectors are staged from their gathered sources in destination order
+// (col_gathered_stage), then written out linearly (col_gathered_store): the
+// shared-memory reads are conflict-free.
+struct GatheredSlice {
+  int64_t r0;
+  uint32_t nrows;
+  int64_t b0;
+  uint32_t per_row;
+  FastDiv div;
+};
+
 template <int V, class Ctx>
-FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, int64_t r0, uint32_t nrows, int64_t b0,
-                                           uint32_t per_row, FastDiv div, uint8_t* buf) {
+FLASHMLA_PERM_BODY void col_gathered_stage(Ctx& ctx, const ColJob& p, const GatheredSlice& g, uint8_t* buf) {
   const int32_t* offset = p.source_offset;
   const int shift = p.chunk_shift;
   const int64_t mask = (int64_t{1} << shift) - 1;
-  const uint32_t total = nrows * per_row;
-  stage_items<V>(ctx, total, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-    const uint32_t r = div.div(i);
-    const int64_t c = b0 + static_cast<int64_t>(i - r * per_row) * V;
+  stage_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+    const uint32_t r = g.div.div(i);
+    const int64_t c = g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
     b = buf + static_cast<int64_t>(i) * V;
-    s = p.src + p.src_rows.offset(r0 + r) + offset[c >> shift] + (c & mask);
+    s = p.src + p.src_rows.offset(g.r0 + r) + offset[c >> shift] + (c & mask);
   });
-  ctx.stage_wait();
-  ctx.sync();
-  store_items<V>(ctx, total, [&](uint32_t i, uint8_t*& d) {
-    const uint32_t r = div.div(i);
-    d = p.dst + p.dst_rows.offset(r0 + r) + b0 + static_cast<int64_t>(i - r * per_row) * V;
+}
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_gathered_store(Ctx& ctx, const ColJob& p, const GatheredSlice& g, const uint8_t* buf) {
+  store_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
+    const uint32_t r = g.div.div(i);
+    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
     return load_vec<V>(buf + static_cast<int64_t>(i) * V);
   });
+}
+
+// One stage: stage the slice, wait, store it.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, const GatheredSlice& g, uint8_t* buf) {
+  col_gathered_stage<V>(ctx, p, g, buf);
+  ctx.stage_wait();
+  ctx.sync();
+  col_gathered_store<V>(ctx, p, g, buf);
   ctx.sync();  // the next tile reuses the buffer
 }
 
@@ -586,8 +609,8 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     // reads only its own rows, all before its barrier. V = 16 only (the
     // other widths keep the gather below): every width of this form took
     // the sm_100 build past 255 registers, into spills.
-    col_gathered_slice<V>(ctx, p, r0, static_cast<uint32_t>(nr), 0, static_cast<uint32_t>(rb / V),
-                          p.items_div[0], buf);
+    col_gathered_slice<V>(ctx, p, {r0, static_cast<uint32_t>(nr), 0, static_cast<uint32_t>(rb / V), p.items_div[0]},
+                          buf);
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
     const uint32_t nrows = static_cast<uint32_t>(nr);
@@ -635,31 +658,79 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
   }
 }
 
-// Direct tiles: parallel contexts only (host executors stage whole rows).
-template <int V, class Ctx>
-FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
+// Where direct tile `tile` of vector width V sits: its rows and its slice of
+// destination bytes. Divided by a full slice's vectors, also for a row's
+// narrower last slice: a row cut into slices makes tiles of one row, whose
+// items all lie below per_row, so any divisor at least per_row gives row 0.
+template <int V>
+FLASHMLA_PERM_BODY GatheredSlice direct_slice(const ColJob& p, int64_t tile) {
   const int64_t rt = tile / p.row_tiles;
   const int64_t st = tile - rt * p.row_tiles;
   const int64_t r0 = rt * p.tile_rows;
   const int64_t b0 = st * p.slice_bytes;
-  const uint32_t nrows = static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0));
-  const uint32_t per_row = static_cast<uint32_t>(min_of(p.slice_bytes, p.row_bytes - b0) / V);
-  // By a full slice's vectors, also for a row's narrower last slice: a row
-  // cut into slices makes tiles of one row, whose items all lie below
-  // per_row, so any divisor at least per_row gives row 0.
-  const FastDiv div = p.items_div[0];
+  return {r0, static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0)), b0,
+          static_cast<uint32_t>(min_of(p.slice_bytes, p.row_bytes - b0) / V), p.items_div[0]};
+}
+
+// Direct tiles: parallel contexts only (host executors stage whole rows).
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
+  const GatheredSlice g = direct_slice<V>(p, tile);
   if (gathers_in_stage(p, V, false)) {
-    col_gathered_slice<V>(ctx, p, r0, nrows, b0, per_row, div, buf);
+    col_gathered_slice<V>(ctx, p, g, buf);
     return;
   }
   const int32_t* offset = p.source_offset;
   const int shift = p.chunk_shift;
-  store_items<V, 1>(ctx, nrows * per_row, [&](uint32_t i, uint8_t*& d) {
-    const uint32_t r = div.div(i);
-    const int64_t c = static_cast<int64_t>(i - r * per_row) * V;
-    d = p.dst + p.dst_rows.offset(r0 + r) + b0 + c;
-    return gather_vec<V>(p.src + p.src_rows.offset(r0 + r), offset, shift, b0 + c);
+  store_items<V, 1>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
+    const uint32_t r = g.div.div(i);
+    const int64_t c = static_cast<int64_t>(i - r * g.per_row) * V;
+    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + c;
+    return gather_vec<V>(p.src + p.src_rows.offset(g.r0 + r), offset, shift, g.b0 + c);
   });
+}
+
+// Half of a direct tile that gathers in its stage loop at V = 16 (the
+// launch gives a job stage_bytes only then): its stage loop into `buf`, or
+// its store loop from it.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf, bool store) {
+  if (!gathers_in_stage(p, V, false)) return;  // not planned with two stages
+  const GatheredSlice g = direct_slice<V>(p, tile);
+  if (store)
+    col_gathered_store<V>(ctx, p, g, buf);
+  else
+    col_gathered_stage<V>(ctx, p, g, buf);
+}
+
+// Parallel contexts: the tiles first, first + step, ... below total, through
+// two buffers (`buf`, `buf + buf_bytes`): tile t + step's loads are issued
+// before tile t stores, so a CTA always has a tile's loads in flight (one
+// stage leaves it idle while it stores; the first device run put that
+// round trip, exposed once a tile, at the head of what the kernels lose).
+// half(t, b, store) issues tile t's stage loop into buffer b (store false)
+// or its store loop from b (store true). Tiles touch disjoint bytes, so
+// reading the next tile before this one stores is safe in place too.
+template <class Ctx, class Half>
+FLASHMLA_PERM_BODY void two_stage_loop(Ctx& ctx, int64_t first, int64_t step, int64_t total, uint8_t* buf,
+                                       int64_t buf_bytes, Half half) {
+  if (first >= total) return;
+  half(first, buf, false);
+  ctx.stage_commit();
+  int64_t at = 0;  // the buffer tile t is in: 0 or buf_bytes
+  for (int64_t t = first; t < total; t += step) {
+    if (t + step < total) {
+      half(t + step, buf + (buf_bytes - at), false);
+      ctx.stage_commit();
+      ctx.template stage_wait_prior<1>();  // every group but the newest: tile t's
+    } else {
+      ctx.stage_wait();
+    }
+    ctx.sync();
+    half(t, buf + at, true);
+    ctx.sync();  // the next pass stages into this buffer
+    at = buf_bytes - at;
+  }
 }
 
 }  // namespace flashmla_perm

@@ -183,6 +183,31 @@ def test_memory_only_is_the_copy_with_enough_in_flight():
     assert m.simulate(small, 132, FIG, sm_time=False) == pytest.approx(100 * FIG["latency"], rel=0.02)
 
 
+def test_cta_program_orders_a_second_stage_ahead_of_the_stores():
+    m = load_model()
+    assert m.cta_program(3, 1) == [("stage", 0), ("wait", 0), ("store", 0), ("stage", 1), ("wait", 1),
+                                   ("store", 1), ("stage", 2), ("wait", 2), ("store", 2)]
+    assert m.cta_program(3, 2) == [("stage", 0), ("stage", 1), ("wait", 0), ("store", 0), ("stage", 2),
+                                   ("wait", 1), ("store", 1), ("wait", 2), ("store", 2)]
+    assert m.cta_program(1, 2) == [("stage", 0), ("wait", 0), ("store", 0)]
+
+
+def test_a_second_stage_hides_the_round_trip_of_every_tile_but_the_first():
+    # One CTA a SM, 1 KiB tiles: one stage idles the pipe a latency a tile
+    # (plus issuing); with two, the next tile's loads are in flight while
+    # this one stores, and issuing overlaps the wait.
+    m = load_model()
+    rounds = 50
+    tiles = [m.Tile(1024, 2000.0, 2000.0, 0.0)] * (132 * rounds)
+    one = m.simulate(tiles, 132, FIG)
+    two = m.simulate(tiles, 132, {**FIG, "stages": 2})
+    issue = 4000.0 / FIG["clock"]
+    assert one == pytest.approx(rounds * (FIG["latency"] + issue), rel=0.02)
+    assert two == pytest.approx(FIG["latency"] + rounds * max(issue, FIG["latency"] / 2 + 2000.0 / FIG["clock"]),
+                                rel=0.1)
+    assert two < 0.8 * one
+
+
 def test_tail_from_an_extra_tile():
     m = load_model()
     grid = 132 * 2
@@ -250,6 +275,28 @@ def test_the_launches_say_which_column_jobs_gather_in_the_stage_loop():
                            ("permute_q", [4096, 64, 512, 2], [True])):
         jobs = [j for launch in _ops._C.gpu_launches(op, dims, {}) for j in launch["jobs"]]
         assert [j["gathered_stage"] for j in jobs] == want, (op, jobs)
+
+
+@needs_native
+def test_direct_gathered_launches_take_two_stages_and_the_model_runs_them():
+    """launch.cpp set_two_stages: permute_q's direct tiles (V = 16, gathered
+    in the stage loop) get two tile buffers, the in-place weights one; the
+    model simulates each launch with its own stages."""
+    from flashmla_perm import _ops
+    m = load_model()
+    (q,) = _ops._C.gpu_launches("permute_q", [4096, 64, 512, 2], {})
+    (o,) = _ops._C.gpu_launches("wo_a", [1024, 4096, 8], {})
+    assert q["stages"] == 2 and q["smem_bytes"] == 2 * q["jobs"][0]["max_tile_bytes"], q
+    assert o["stages"] == 1, o
+    case = next(c for c in m.cases(["permute_q"]) if c.tp == 1)
+    loops = dict(m.SASS_DEFAULTS)
+    slow = m.figures(m.parse_args([]))  # the figures fitted to the device run
+    two = m.predicted_time(case, [q], slow, loops)
+    one = m.predicted_time(case, [{**q, "stages": 1}], slow, loops)
+    assert two < 0.9 * one, (two, one)
+    args = m.parse_args(["--stages", "2"])
+    assert m.with_stages(q, args) is q  # planned with two already
+    assert m.with_stages(o, args)["stages"] == 2 and m.with_stages(o, args)["ctas_per_sm"] <= o["ctas_per_sm"]
 
 
 FAKE_SASS = """

@@ -77,8 +77,12 @@ struct ThreadCtx {
   int tid;
   int nthreads;
   std::barrier<>* bar;
+  // A stage lands only when a wait says so, as cp.async's: the buffer holds
+  // poison until then, and the source is read then, so a wait missing or
+  // too late, or a source overwritten first, shows in the bytes. Committed
+  // groups, oldest first; the last entry is the group still open.
   struct Pending { uint8_t* buf; const uint8_t* src; int bytes; };
-  std::vector<Pending> pending;
+  std::vector<std::vector<Pending>> groups{1};
   int thread() const { return tid; }
   int num_threads() const { return nthreads; }
   void sync() { bar->arrive_and_wait(); }
@@ -87,11 +91,23 @@ struct ThreadCtx {
     count_staged(buf, V);
     count_staged(src, V);
     std::memset(buf, 0xA5, V);
-    pending.push_back({buf, src, V});
+    groups.back().push_back({buf, src, V});
   }
-  void stage_wait() {
-    for (const Pending& p : pending) std::memcpy(p.buf, p.src, p.bytes);
-    pending.clear();
+  void land(size_t group) {
+    for (const Pending& p : groups[group]) std::memcpy(p.buf, p.src, p.bytes);
+    groups[group].clear();
+  }
+  void stage_wait() {  // every stage, committed or not
+    for (size_t g = 0; g < groups.size(); ++g) land(g);
+    groups.assign(1, {});
+  }
+  void stage_commit() { groups.emplace_back(); }
+  template <int N>
+  void stage_wait_prior() {  // all but the newest N committed groups
+    const size_t committed = groups.size() - 1;
+    const size_t keep = std::min<size_t>(N, committed);
+    for (size_t g = 0; g < committed - keep; ++g) land(g);
+    groups.erase(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(committed - keep));
   }
 };
 
@@ -155,6 +171,18 @@ void run_launch(const fp::Launch& l, int concurrent) {
       }
     });
   };
+  // A CTA's tiles one after another, or, with two tile buffers (direct
+  // gathered tiles), through two_stage_loop, as the CUDA kernel does.
+  auto cta = [&](ThreadCtx& ctx, int64_t b, uint8_t* smem) {
+    if (l.stages == 1) {
+      for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, smem);
+      return;
+    }
+    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.cols[0].stage_bytes, [&](int64_t t, uint8_t* buf, bool store) {
+      const int j = t < split ? 0 : 1;  // V = 16, as in the kernel
+      fp::col_direct_half<16>(ctx, l.cols[j], j == 0 ? t : t - split, buf, store);
+    });
+  };
   concurrent = static_cast<int>(std::min<int64_t>(concurrent, l.grid));
   std::vector<std::unique_ptr<std::barrier<>>> bars;
   for (int c = 0; c < concurrent; ++c) bars.push_back(std::make_unique<std::barrier<>>(threads));
@@ -163,10 +191,9 @@ void run_launch(const fp::Launch& l, int concurrent) {
   for (int c = 0; c < concurrent; ++c)
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, c, t] {
-        ThreadCtx ctx{t, threads, bars[c].get(), {}};
+        ThreadCtx ctx{t, threads, bars[c].get()};
         uint8_t* s = smem[c].data() + (16 - reinterpret_cast<uintptr_t>(smem[c].data()) % 16) % 16;
-        for (int64_t b = c; b < l.grid; b += concurrent)
-          for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, s);
+        for (int64_t b = c; b < l.grid; b += concurrent) cta(ctx, b, s);
       });
   for (auto& th : pool) th.join();
 }
@@ -288,10 +315,12 @@ struct Rows {
   }
 };
 
-// A small device, so that a few tiles already make several waves.
+// A small device, so that a few tiles already make several waves: a CTA
+// runs several tiles (with two stages, through both buffers).
 fp::DeviceSpec small_device() {
   fp::DeviceSpec d;
   d.sm_count = 2;
+  d.max_ctas_per_sm = 2;
   return d;
 }
 
@@ -764,6 +793,7 @@ void stress(const std::vector<int>& thread_counts) {
         {"wide 32-byte blocks", blocks(1250, 32), 1, 3, 0, false},
         {"o 8x512, offset 8", fp::o_fused_permutation(8, 512), 1, 10, 8, true},
         {"random 1000, 40 rows", random_perm(1000), 1, 40, 0, false},
+        {"o 4x1024, 61 rows", fp::o_fused_permutation(4, 1024), 1, 61, 0, false},  // 16 two-stage tiles
     };
     for (auto& c : gc) check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
     check_strided(threads, 40, serial);
@@ -906,7 +936,7 @@ int main(int argc, char** argv) {
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
     for (int tp : {1, 8}) model_wq_b_packed(tp);
     for (int tp : {1, 8}) model_wv_packed(tp);
-    for (int64_t heads : {64, 128}) model_permute_q(heads, 32);
+    for (int64_t heads : {64, 128}) model_permute_q(heads, 256);  // over 792 tiles: CTAs with two (two stages)
   } else {
     stress(quick ? std::vector<int>{1, 7, 32} : std::vector<int>{1, 2, 7, 32, 128});
   }
