@@ -230,6 +230,10 @@ void set_col_items(ColJob& p) {
   p.run_div = at_least_1(p.run);
   if (!p.staged) {  // by the vectors of a slice (rows cut into slices: one row a tile)
     p.items_div[0] = p.items_div[1] = at_least_1(p.slice_bytes / p.vec);
+    // A direct tile holds at least 8 KiB of a row or of whole rows (a slice
+    // of kGpuDirectSlice, or rows filling at least half of it), so 2^31
+    // tiles would be 16 TiB: the tile index fits the FastDiv.
+    p.row_tiles_div = at_least_1(p.row_tiles);
   } else if (p.run < p.row_bytes) {  // rows fastest: by the tile's rows; the last tile may have fewer
     p.items_div[0] = at_least_1(p.tile_rows);
     p.items_div[1] = at_least_1(p.rows - (p.tiles - 1) * p.tile_rows);

@@ -453,6 +453,7 @@ struct ColJob {
   int64_t buf_pitch;             // staged: bytes from one row of the tile buffer to the next
   int64_t slice_bytes;           // direct: destination bytes of each row of one tile
   int64_t row_tiles;             // direct: tiles across a row
+  FastDiv row_tiles_div;         // direct: by row_tiles (set_col_items; a direct job has under 2^31 tiles)
   int64_t stage_bytes;           // direct, two stages (two_stage_loop): bytes from one tile buffer to
                                  // the other; 0: one stage
   int64_t tiles;
@@ -664,7 +665,7 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
 // items all lie below per_row, so any divisor at least per_row gives row 0.
 template <int V>
 FLASHMLA_PERM_BODY GatheredSlice direct_slice(const ColJob& p, int64_t tile) {
-  const int64_t rt = tile / p.row_tiles;
+  const int64_t rt = p.row_tiles_div.div(static_cast<uint32_t>(tile));
   const int64_t st = tile - rt * p.row_tiles;
   const int64_t r0 = rt * p.tile_rows;
   const int64_t b0 = st * p.slice_bytes;
@@ -695,7 +696,12 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
 // its store loop from it.
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf, bool store) {
-  if (!gathers_in_stage(p, V, false)) return;  // not planned with two stages
+  if (!gathers_in_stage(p, V, false)) {  // set_two_stages plans no other job: never leave bytes unwritten
+#if defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return;
+  }
   const GatheredSlice g = direct_slice<V>(p, tile);
   if (store)
     col_gathered_store<V>(ctx, p, g, buf);
@@ -709,8 +715,10 @@ FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile,
 // stage leaves it idle while it stores; the first device run put that
 // round trip, exposed once a tile, at the head of what the kernels lose).
 // half(t, b, store) issues tile t's stage loop into buffer b (store false)
-// or its store loop from b (store true). Tiles touch disjoint bytes, so
-// reading the next tile before this one stores is safe in place too.
+// or its store loop from b (store true). Out of place only: a tile that is
+// a slice of a row gathers from the whole source row, which in place a
+// sibling tile could already have written (in-place jobs are staged, and
+// set_two_stages takes direct jobs only).
 template <class Ctx, class Half>
 FLASHMLA_PERM_BODY void two_stage_loop(Ctx& ctx, int64_t first, int64_t step, int64_t total, uint8_t* buf,
                                        int64_t buf_bytes, Half half) {

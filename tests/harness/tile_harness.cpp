@@ -411,6 +411,28 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
                                   std::to_string(esize) + " threads=" + std::to_string(threads));
 }
 
+// Two out-of-place jobs in one launch, both gathered in the stage loop at
+// V = 16: two stages across the jobs' tiles (a CTA's next tile may belong to
+// the other job), as the direct kernel splits them.
+void check_two_direct_jobs(int threads) {
+  const std::vector<int64_t> pa = fp::o_fused_permutation(4, 1024), pb = fp::q_fused_permutation(16, 64);
+  Rows a(37, 4096, 4096, 0), b(29, 2048, 2048 + 32, 16);  // bf16 rows of 16 heads x 64
+  Rows da(37, 4096, 4096, 16), db(29, 2048, 2048 + 32, 0);
+  const auto ea = a.cols_gathered(pa, 1, a.buf, da.buf, da.offset);
+  const auto eb = b.cols_gathered(pb, 2, b.buf, db.buf, db.offset);
+  const fp::ColPlan plan_a = fp::make_col_plan(pa, 1), plan_b = fp::make_col_plan(pb, 2);
+  const fp::ColView views[] = {fp::col_rows(a.data(), da.data(), 37, 4096, 4096, 4096),
+                               fp::col_rows(b.data(), db.data(), 29, b.row_stride, db.row_stride, 2048)};
+  const fp::ColPlan* plans[] = {&plan_a, &plan_b};
+  const int32_t* offsets[] = {plan_a.source_offset.data(), plan_b.source_offset.data()};
+  std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, small_device());
+  for (auto& l : launches) l.threads = threads;
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 3);
+  report(launches.size() == 1 && launches[0].stages == 2 && da.buf == ea && db.buf == eb,
+         "cols two direct jobs, two stages, threads=" + std::to_string(threads));
+}
+
 // ---------------------------------------------------------------------------
 // Random strided layouts: both engines on the views csrc/strided.h makes.
 
@@ -796,6 +818,7 @@ void stress(const std::vector<int>& thread_counts) {
         {"o 4x1024, 61 rows", fp::o_fused_permutation(4, 1024), 1, 61, 0, false},  // 16 two-stage tiles
     };
     for (auto& c : gc) check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
+    check_two_direct_jobs(threads);
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
     check_long_cycles(threads, 3, serial);
