@@ -959,7 +959,8 @@ int main(int argc, char** argv) {
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
     for (int tp : {1, 8}) model_wq_b_packed(tp);
     for (int tp : {1, 8}) model_wv_packed(tp);
-    for (int64_t heads : {64, 128}) model_permute_q(heads, 256);  // over 792 tiles: CTAs with two (two stages)
+    model_permute_q(64, 256);  // 1024 tiles on 792 CTAs: CTAs with two, through both buffers
+    model_permute_q(128, 32);  // (more tokens only cost time, under TSan in CI)
   } else {
     stress(quick ? std::vector<int>{1, 7, 32} : std::vector<int>{1, 2, 7, 32, 128});
   }
