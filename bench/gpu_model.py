@@ -5,7 +5,8 @@ Takes the launches csrc/launch.cpp plans for each op (through
 flashmla_perm._ops._C.gpu_launches: grid, CTAs per SM, tiles, bytes, vector
 widths), the kernels' instructions per item (read from a build's SASS with
 `--sass`, or the counts recorded below), the layouts' shared-memory bank
-conflicts, and stated device figures (an H200 by default), and predicts each
+conflicts, and an H200's figures (by default those fitted to the first
+device run; `--figures stated` for the data sheet's), and predicts each
 op's time as a fraction of a device-to-device copy of the same bytes, with
 the time split by cause.
 
@@ -15,13 +16,15 @@ the time split by cause.
 The model (docs/PERFORMANCE.md, "GPU performance model"):
 
   * memory is one pipe of `--copy-tbps` (reads and writes both count) behind
-    a load latency `--latency-us`, first come first served;
-  * a copy of N bytes is one kernel per tensor: launch + latency each, then
-    2N / bandwidth;
+    the load latency a tile sees, `--latency-us`, first come first served;
+  * a copy of N bytes is one kernel per tensor: launch + `--copy-latency-us`
+    each, then 2N / bandwidth;
   * a kernel's tiles go grid-stride to its CTAs (tile t to CTA t % grid: the
-    scale's tiles come last), CTA c sits on SM c % SMs. Each CTA runs one
-    stage: it issues a tile's loads (the stage loop), waits for them, then
-    issues its stores (the store loop), and only then the next tile's loads.
+    scale's tiles come last), CTA c sits on SM c % SMs. With one stage a CTA
+    issues a tile's loads (the stage loop), waits for them, then issues its
+    stores (the store loop), and only then the next tile's loads; with two
+    (a launch's `stages`: permute_q's direct tiles; `--stages` as a what-if)
+    the next tile's loads go out before this tile's stores (cta_program).
     Issuing costs SM cycles: instructions per item (from the SASS) x items /
     32 lanes / (schedulers x instructions a clock), plus shared-memory bank
     conflict replays in the store loop; the CTAs issuing on one SM share it
@@ -31,8 +34,8 @@ The model (docs/PERFORMANCE.md, "GPU performance model"):
     same simulation (`components`, microseconds; they sum to the prediction):
     launch, latency (one, as the copy), dram (2N / bandwidth), idle (the
     pipe idle with SM time left out), issue (the SMs' issue time beyond the
-    memory time, were it fully overlapped), serialisation (one stage: what
-    the real schedule adds to that), bank (conflict replays), tail (the real
+    memory time, were it fully overlapped), serialisation (what the real
+    schedule, one or two stages, adds to that), bank (conflict replays), tail (the real
     tile sizes and order against every CTA doing an equal share).
 
 Prints one row per op and TP, with PASS or BELOW against `--target` (0.9 of
@@ -956,7 +959,8 @@ def fit_latency_and_ipc(args, loops, regs, C, rows, only):
 def compare_measured(args, loops, regs, C):
     """Predicted against measured per op and TP, then the fit: bandwidth and
     launch from the copies (least squares), the tiles' latency and the issue
-    rate from the native rows (golden sections). Returns the fitted figures."""
+    rate from the native rows (Nelder-Mead on their logarithms). Returns the
+    fitted figures."""
     rows = measured_rows(args.measured)
     ops = sorted({k for k, _, _ in rows if k in {c.op for c in cases(args.ops.split(",") if args.ops else None)}})
     if not ops:
