@@ -69,7 +69,7 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
-TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 90, "runtime": 35, "ptxas": 5,
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 90, "probe": 40, "runtime": 35, "ptxas": 5,
             "ncu": 40, "memcheck": 40, "racecheck": 40, "sweep": 90, "model": 60}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
@@ -334,16 +334,24 @@ def crashed_tests(log):
 
 
 def native_backtrace(cfg, step, node):
-    """The crashed test alone under cuda-gdb (the GPU machine has no gdb):
-    the native stack of the crash, into this step's log."""
+    """The crashed test alone, its native stack into this step's log: from
+    bench/crash_probe.py (a signal handler preloaded; the GPU machine has no
+    gdb), then from cuda-gdb where the toolkit has one."""
+    step.say(f"== native stack of {node} (bench/crash_probe.py --pytest)")
+    step.python("bench/crash_probe.py", "--pytest", node, env={"FLASHMLA_PERM_EXPECT_NATIVE": "1"}, check=False)
     gdb = find_tool("cuda-gdb")
     if not gdb:
-        step.say(f"no cuda-gdb: no native backtrace of {node}")
+        step.say("no cuda-gdb")
         return
     step.say(f"== native backtrace of {node} (cuda-gdb)")
     step.run([gdb, "-q", "-batch", "-ex", "set pagination off", "-ex", "run", "-ex", "bt 40",
               "--args", cfg.py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:faulthandler", node],
              env={"FLASHMLA_PERM_EXPECT_NATIVE": "1"}, check=False)
+
+
+def step_probe(cfg, step):
+    step.python("bench/crash_probe.py", "--device", "cpu" if cfg.dry else "cuda", "--json", cfg.path("probe.json"),
+                env={"FLASHMLA_PERM_EXPECT_NATIVE": "1"})
 
 
 def step_runtime(cfg, step):
@@ -436,7 +444,8 @@ def step_sweep(cfg, step):
             json.dump(sweep, f, indent=2)
 
 
-STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "tests": step_tests, "runtime": step_runtime,
+STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "tests": step_tests, "probe": step_probe,
+         "runtime": step_runtime,
          "ptxas": step_ptxas, "ncu": step_ncu, "memcheck": step_memcheck, "racecheck": step_racecheck,
          "sweep": step_sweep, "model": step_model}
 assert list(STEPS) == list(TIMEOUTS)
@@ -593,6 +602,12 @@ def figures(cfg, name):
         return sanitizer_figures(log)
     if name == "sweep":
         return {"max_ctas_per_sm": load_json(cfg.path("sweep.json")) or {}}
+    if name == "probe":
+        doc = load_json(cfg.path("probe.json")) or {}
+        cases = doc.get("cases", [])
+        return {"cases": len(cases), "as_expected": sum(1 for c in cases if c.get("ok")),
+                "not": {c["case"]: c.get("how") or f"raised {c.get('raised')}: {c.get('message', '')}"
+                        for c in cases if not c.get("ok")}} if cases else {}
     return {}
 
 
@@ -730,6 +745,9 @@ def short(name, f):
             x = [f"{k.split()[0]} {v['x_copy_device']:.2f}x" for k, v in rows.items() if k.endswith(" native")]
             parts.append(f"{cap}: " + ", ".join(x))
         return "CTAs/SM cap, native x copy: " + "; ".join(parts)
+    if name == "probe":
+        return (f"error paths, a process each: {f['as_expected']}/{f['cases']} as expected"
+                + "".join(f"; {case}: {how}" for case, how in f["not"].items()))
     if name in ("memcheck", "racecheck"):
         s = f"cases {f.get('cases_ok', '?')}/{f.get('cases', '?')} on {f.get('device', '?')}"
         if "hazards" in f:
@@ -768,7 +786,7 @@ def print_summary(record):
 
 # Files of an earlier run that this one rewrites (so that none is mistaken for this run's).
 OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
-           "model_fit.json", "sweep.json", *(f"sweep_{c}.json" for c in SWEEP_CTAS),
+           "model_fit.json", "probe.json", "sweep.json", *(f"sweep_{c}.json" for c in SWEEP_CTAS),
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
 
 
