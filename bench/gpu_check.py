@@ -9,10 +9,21 @@ one budget, the figures most wanted first:
   build      setup.py build_ext --inplace for that architecture only
   bench      bench/bench_load_time.py on CUDA: every kind, TP 1 2 4 8, wall and
              device times (CUDA graphs / profiler), per-kernel times, no memory probes
+  sweep      the benchmark's wq_b and wo_a at TP1 again under each of SWEEP (launch
+             plans other than the default, through the executor's environment:
+             at most n CTAs a SM, smaller tiles, two buffers for staged column
+             tiles), the copy beside the native op in each process; time against
+             bytes in flight and tile size tells the latency a tile sees from the
+             issue rate, and which plan is fastest ($OUT/sweep.json)
+  probe      bench/crash_probe.py: error paths, each the first op of its own
+             process (the call that crashed the first device run's suite, the
+             same after a valid op, other errors, the bad call on CPU tensors
+             after CUDA's start), how each ended, and the native stack of any
+             that died ($OUT/probe.json)
   tests      the suite's CUDA tests (pytest -k cuda; not the >2^31-byte ones); with
              pytest-xdist 4 workers, so that a test that crashes its process is
-             named and the rest still run; the crashed test again under cuda-gdb
-             for its native backtrace
+             named and the rest still run; the crashed test again alone with its
+             native stack (bench/crash_probe.py --pytest; then cuda-gdb if there is one)
   runtime    tests/test_cuda_runtime.py: streams, threads, graphs, cache eviction, >2^31 bytes
   ptxas      scripts/ptxas_gate.py on the build log (no spills, no stack)
   ncu        Nsight Compute on one native wq_b and one wo_a call at TP 1
@@ -20,12 +31,11 @@ one budget, the figures most wanted first:
              shared-memory bank conflicts, instructions issued per byte moved
   memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
   racecheck  the same under racecheck
-  sweep      the benchmark's wq_b and wo_a at TP1 again with FLASHMLA_PERM_MAX_CTAS_PER_SM
-             = each of SWEEP_CTAS: time against CTAs a SM (bytes in flight), which
-             tells the latency a tile sees from the issue rate ($OUT/sweep.json)
   model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
-             bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json).
-             Last: it needs no GPU, and build.log and bench.json rerun it anywhere
+             bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json);
+             with the sweep's, --sweep: each plan predicted vs measured, and one fit
+             across them ($OUT/sweep_model.json). Last: it needs no GPU, and
+             build.log, bench.json and sweep.json rerun it anywhere
 
 gpu_check.json ($OUT, default /tmp/gpu_check) is rewritten as each step
 starts and ends (name, status, seconds, timeout, log, figures), so a run cut
@@ -69,8 +79,8 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
-TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "tests": 90, "probe": 40, "runtime": 35, "ptxas": 5,
-            "ncu": 40, "memcheck": 40, "racecheck": 40, "sweep": 90, "model": 60}
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "sweep": 120, "probe": 40, "tests": 90, "runtime": 35,
+            "ptxas": 5, "ncu": 40, "memcheck": 40, "racecheck": 40, "model": 90}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -82,7 +92,18 @@ NCU_METRICS = {
 }
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
-SWEEP_CTAS = (1, 2, 3, 4, 6)  # the sweep's caps on CTAs a SM (the kernels plan 5 or 6)
+# The sweep's launch plans: (label, environment, kinds). Caps on CTAs a SM
+# (the kernels plan 5 or 6: ctas6 is the default plan, measured in the same
+# kind of process); tile budgets under the default 32 KiB (row and staged
+# column tiles); two tile buffers for staged column tiles (wo_a only: wq_b
+# runs the rows kernel), with the default and with half-size tiles.
+SWEEP = (
+    *((f"ctas{n}", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": str(n)}, "wq_b,wo_a") for n in (1, 2, 3, 4, 6)),
+    ("tile16k", {"FLASHMLA_PERM_TILE_BUDGET": "16384"}, "wq_b,wo_a"),
+    ("tile8k", {"FLASHMLA_PERM_TILE_BUDGET": "8192"}, "wq_b,wo_a"),
+    ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"}, "wo_a"),
+    ("col2_tile16k", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_TILE_BUDGET": "16384"}, "wo_a"),
+)
 
 
 class StepFailed(Exception):
@@ -379,6 +400,10 @@ def step_model(cfg, step):
     if os.path.exists(cfg.path("bench.json")):
         step.python("bench/gpu_model.py", "--measured", cfg.path("bench.json"), "--ops", "wq_b,wo_a",
                     "--json", cfg.path("model_fit.json"), *log)
+    if os.path.exists(cfg.path("sweep.json")):
+        # Dry: CPU times, which no GPU model explains; a few evaluations show the plumbing.
+        step.python("bench/gpu_model.py", "--sweep", cfg.path("sweep.json"), "--json", cfg.path("sweep_model.json"),
+                    *(["--fit-evals", "6"] if cfg.dry else []), *log)
 
 
 def step_ncu(cfg, step):
@@ -426,28 +451,28 @@ def step_racecheck(cfg, step):
 
 
 def step_sweep(cfg, step):
-    """One benchmark process a cap (the cap is read once a process), the
-    copy beside the native op in each; their rows into sweep.json as each
-    ends, so that a timeout keeps the caps that finished."""
+    """One benchmark process a plan (the executor reads its environment once
+    a process), the copy beside the native op in each; their rows into
+    sweep.json as each ends, so that a timeout keeps the plans that finished."""
     sweep = {}
-    for cap in SWEEP_CTAS:
-        out = cfg.path(f"sweep_{cap}.json")
+    for label, env, kinds in SWEEP:
+        out = cfg.path(f"sweep_{label}.json")
         args = ["bench/bench_load_time.py", "--devices", "cpu" if cfg.dry else "cuda", "--tp", "1",
-                "--kinds", "wq_b,wo_a", "--backends", "native", "--no-memory", "--json", out]
+                "--kinds", kinds, "--backends", "native", "--no-memory", "--json", out]
         args += ["--layers", "2", "--reps", "1"] if cfg.dry else ["--reps", "5"]
-        step.python(*args, env={"FLASHMLA_PERM_MAX_CTAS_PER_SM": str(cap)})
+        step.python(*args, env=env)
         doc = load_json(out) or {}
-        sweep[str(cap)] = {f"{r['kind']} {r['backend']}": {"device_ms_per_layer": r["device_ms_per_layer"],
-                                                           "x_copy_device": r["x_copy_device"]}
-                           for r in doc.get("rows", [])}
+        sweep[label] = {"env": env, "rows": {
+            f"{r['kind']} {r['backend']}": {"device_ms_per_layer": r["device_ms_per_layer"],
+                                            "x_copy_device": r["x_copy_device"]}
+            for r in doc.get("rows", [])}}
         with open(cfg.path("sweep.json"), "w") as f:
             json.dump(sweep, f, indent=2)
 
 
-STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "tests": step_tests, "probe": step_probe,
-         "runtime": step_runtime,
-         "ptxas": step_ptxas, "ncu": step_ncu, "memcheck": step_memcheck, "racecheck": step_racecheck,
-         "sweep": step_sweep, "model": step_model}
+STEPS = {"gpu": step_gpu, "build": step_build, "bench": step_bench, "sweep": step_sweep, "probe": step_probe,
+         "tests": step_tests, "runtime": step_runtime, "ptxas": step_ptxas, "ncu": step_ncu,
+         "memcheck": step_memcheck, "racecheck": step_racecheck, "model": step_model}
 assert list(STEPS) == list(TIMEOUTS)
 
 
@@ -561,6 +586,13 @@ def ncu_figures(cfg):
     return f
 
 
+def sweep_fit(doc):
+    """The model's one fit across the sweep's plans (sweep_model.json), if any."""
+    if not isinstance(doc, dict) or not doc.get("fitted"):
+        return {}
+    return {"sweep_fitted": doc["fitted"], "sweep_worst_ratio": round(doc["worst_ratio"], 3)}
+
+
 def figures(cfg, name):
     log = read_text(cfg.path(f"{name}.log"))
     if name == "gpu":
@@ -595,13 +627,14 @@ def figures(cfg, name):
         return {"model_json": cfg.path("model.json"), "cases": len(rows),
                 "below_target": sum(1 for r in rows if r.get("meets_target") is False),
                 "min_predicted_fraction": round(min(fr), 3) if fr else None,
-                **({"fitted": fit["fitted"]} if isinstance(fit, dict) and fit.get("fitted") else {})}
+                **({"fitted": fit["fitted"]} if isinstance(fit, dict) and fit.get("fitted") else {}),
+                **sweep_fit(load_json(cfg.path("sweep_model.json")))}
     if name == "ncu":
         return ncu_figures(cfg)
     if name in ("memcheck", "racecheck"):
         return sanitizer_figures(log)
     if name == "sweep":
-        return {"max_ctas_per_sm": load_json(cfg.path("sweep.json")) or {}}
+        return {"plans": load_json(cfg.path("sweep.json")) or {}}
     if name == "probe":
         doc = load_json(cfg.path("probe.json")) or {}
         cases = doc.get("cases", [])
@@ -731,8 +764,12 @@ def short(name, f):
         return (f"{f['kernel_builds']} kernel builds, max {f['max_registers']} regs, "
                 f"spills {f['spill_bytes']} B, stack {f['stack_bytes']} B")
     if name == "model":
-        return (f"{f['cases']} cases, {f['below_target']} below target, "
-                f"min {f['min_predicted_fraction']} of a copy (predicted)")
+        s = (f"{f['cases']} cases, {f['below_target']} below target, "
+             f"min {f['min_predicted_fraction']} of a copy (predicted)")
+        if "sweep_fitted" in f:
+            s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "
+                  f"ipc {f['sweep_fitted']['ipc']:.3g}, worst point x{f['sweep_worst_ratio']:.2f}")
+        return s
     if name == "ncu":
         return "; ".join(
             f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}" if v.get("dry") else
@@ -741,10 +778,10 @@ def short(name, f):
             for k, v in f.items() if v)
     if name == "sweep":
         parts = []
-        for cap, rows in f.get("max_ctas_per_sm", {}).items():
-            x = [f"{k.split()[0]} {v['x_copy_device']:.2f}x" for k, v in rows.items() if k.endswith(" native")]
-            parts.append(f"{cap}: " + ", ".join(x))
-        return "CTAs/SM cap, native x copy: " + "; ".join(parts)
+        for label, plan in f.get("plans", {}).items():
+            x = [f"{k.split()[0]} {v['x_copy_device']:.2f}x" for k, v in plan["rows"].items() if k.endswith(" native")]
+            parts.append(f"{label}: " + ", ".join(x))
+        return "plans, native x copy: " + "; ".join(parts)
     if name == "probe":
         return (f"error paths, a process each: {f['as_expected']}/{f['cases']} as expected"
                 + "".join(f"; {case}: {how}" for case, how in f["not"].items()))
@@ -786,7 +823,8 @@ def print_summary(record):
 
 # Files of an earlier run that this one rewrites (so that none is mistaken for this run's).
 OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
-           "model_fit.json", "probe.json", "sweep.json", *(f"sweep_{c}.json" for c in SWEEP_CTAS),
+           "model_fit.json", "probe.json", "sweep.json", "sweep_model.json",
+           *(f"sweep_{label}.json" for label, _, _ in SWEEP),
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
 
 

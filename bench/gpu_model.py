@@ -12,6 +12,7 @@ the time split by cause.
 
     python bench/gpu_model.py [--sass SO_OR_SASS] [--ptxas-log LOG] [--json PATH] [--check]
     python bench/gpu_model.py --measured gpu_check.json   # predicted vs measured, and a fit
+    python bench/gpu_model.py --sweep sweep.json          # the check's plans, one fit across them
 
 The model (docs/PERFORMANCE.md, "GPU performance model"):
 
@@ -43,9 +44,11 @@ the copy); exits 0 regardless, unless `--check` is given and a row is below.
 """
 
 import argparse
+import concurrent.futures
 import heapq
 import json
 import math
+import multiprocessing
 import os
 import re
 import shutil
@@ -78,23 +81,26 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # 49.2; before FastDiv (commit 0ca06ab) rows took 60 + 89 and save_heads
 # 54.8; e8ce307, before the rows store read its buffer with LDS, rows 49 + 59;
 # before two-stage direct tiles (the loops averaged over the one-stage and
-# the two-stage copies since), direct 39 + 35 and 13504 in the kernel.
+# the two-stage copies since), direct 39 + 35 and 13504 in the kernel; before
+# the staged kernel had its two-stage copy (FLASHMLA_PERM_COL_STAGES; its
+# loops averaged the same way since), staged 37.5 + 34.4 (gathered), 39 + 121
+# (from the buffer) and 14216 in the kernel.
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = ("the CUDA build of the two-stage direct tiles (nvcc 13.0, sm_90; gathered slices, FastDiv item splits "
-              "in every loop, LDS in the rows store)")
+SASS_BUILD = ("the CUDA build with two-stage staged column tiles built in (nvcc 13.0, sm_90; gathered slices, "
+              "FastDiv item splits in every loop, LDS in the rows store)")
 # (instructions per item, 32-bit divisions per item) on that path.
 SASS_DEFAULTS = {
     ("rows", "stage", 16, 0): (47.0, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
     ("rows", "stage", 8, 0): (47.0, 0.0), ("rows", "store", 8, 8): (59.5, 0.0),
-    ("cols_staged", "gather_stage", 16, 0): (37.5, 0.0), ("cols_staged", "linear_store", 16, 16): (34.4, 0.0),
-    ("cols_staged", "stage", 16, 0): (39.0, 0.0), ("cols_staged", "store", 16, 1): (121.0, 0.0),
-    ("cols_staged", "stage", 4, 0): (37.0, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
+    ("cols_staged", "gather_stage", 16, 0): (37.8, 0.0), ("cols_staged", "linear_store", 16, 16): (33.5, 0.0),
+    ("cols_staged", "stage", 16, 0): (40.0, 0.0), ("cols_staged", "store", 16, 1): (121.5, 0.0),
+    ("cols_staged", "stage", 4, 0): (37.5, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
     ("cols_direct", "gather_stage", 16, 0): (40.0, 0.0), ("cols_direct", "linear_store", 16, 16): (32.8, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 14216, "cols_direct": 15664}
+SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15664}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -105,6 +111,7 @@ H200 = {
     "copy_latency_us": 0.7,  # a copy kernel's first bytes: the same latency
     "launch_us": 2.5,     # per launch, back to back on a stream: 2-4 us
     "ipc": 1.0,           # instructions a scheduler issues a clock (at most one)
+    "memory": "fifo",     # how the memory pipe serves its transfers (PIPES)
     "tile_cycles": 400,   # per tile: its setup (64-bit tile geometry), cp.async wait, two barriers; an estimate
     "smem_wavefront_bytes": 128,  # shared memory serves 128 bytes a clock per SM (32 banks x 4 bytes)
 }
@@ -114,7 +121,7 @@ H200 = {
 # wq_b and wo_a at TP 1-8; docs/PERFORMANCE.md): the bandwidth and launch of
 # the benchmark's copies, and the load latency a tile sees and the issue rate
 # that best explain the kernels' device times. The default since that run.
-H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753}
+H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753, "memory": "fifo"}
 FIGURE_SETS = {"measured": "fitted to the H200 run of 2026-12-04",
                "stated": "data sheet and microbenchmarks, before any device run"}
 
@@ -142,6 +149,9 @@ def parse_args(argv=None):
     d.add_argument("--copy-latency-us", type=float, default=H200["copy_latency_us"],
                    help="a copy kernel's latency to its first bytes (us): its fixed cost is launch + this")
     d.add_argument("--launch-us", type=float, default=None, help="per launch (us)")
+    d.add_argument("--memory", choices=tuple(PIPES), default=None,
+                   help="how the memory pipe serves the transfers in it: shared (every one at an equal share, "
+                        "as DRAM interleaves the requests it holds) or fifo (one at a time, whole)")
     d.add_argument("--tile-cycles", type=float, default=H200["tile_cycles"],
                    help="SM cycles per tile outside the item loops (stated estimate)")
     r = p.add_argument_group("kernels")
@@ -152,6 +162,12 @@ def parse_args(argv=None):
     for k, v in DEFAULT_REGS.items():
         r.add_argument(f"--regs-{k.replace('_', '-')}", type=int, help=f"override ({k} kernel; today {v})")
     r.add_argument("--max-ctas", type=int, help="cap CTAs per SM (a what-if: the launches are re-planned)")
+    r.add_argument("--col-stages", type=int, choices=(1, 2), default=1,
+                   help="tile buffers a CTA of staged column tiles cycles through, as FLASHMLA_PERM_COL_STAGES "
+                        "plans them (the launches are re-planned: half-size tiles with 2)")
+    r.add_argument("--tile-budget", type=int, default=0,
+                   help="bytes a row or staged column tile buffers, as FLASHMLA_PERM_TILE_BUDGET plans them "
+                        "(0: the kernels' 32 KiB)")
     r.add_argument("--stages", type=int, default=1,
                    help="tile buffers a CTA cycles through (a what-if; the kernels have 1): with 2, a tile's "
                         "loads are in flight while the one before it stores. Each buffer is the planned tile, "
@@ -162,6 +178,10 @@ def parse_args(argv=None):
     p.add_argument("--measured", metavar="FILE",
                    help="a device run's gpu_check.json (or bench_load_time.py --json): predicted vs measured, fit")
     p.add_argument("--ops", help="only these ops (comma-separated)")
+    p.add_argument("--sweep", metavar="FILE",
+                   help="a device check's sweep.json: each plan predicted vs measured, and one fit across them")
+    p.add_argument("--fit-evals", type=int, default=120,
+                   help="most evaluations a fit (--measured, --sweep) makes; few only to exercise the plumbing")
     args = p.parse_args(argv)
     chosen = H200_MEASURED if args.figures == "measured" else H200
     for k in H200_MEASURED:
@@ -551,16 +571,76 @@ def cta_program(tiles, stages):
     return prog
 
 
+class FifoPipe:
+    """Memory as one pipe, first come first served: a transfer is served
+    whole at the full bandwidth, after every transfer that came before it."""
+
+    def __init__(self, bw):
+        self.bw, self.free, self.queue, self.seq = bw, 0.0, [], 0
+
+    def arrive(self, now, nbytes, who):
+        self.free = max(self.free, now) + nbytes / self.bw
+        heapq.heappush(self.queue, (self.free, self.seq, who))
+        self.seq += 1
+
+    def next_done(self):
+        return self.queue[0][0] if self.queue else None
+
+    def done(self, now):
+        out = []
+        while self.queue and self.queue[0][0] <= now:
+            out.append(heapq.heappop(self.queue)[2])
+        return out
+
+
+class SharedPipe:
+    """Memory as one pipe shared equally by every transfer in it (processor
+    sharing): n transfers each move at bw / n, so tiles issued together land
+    together, as a DRAM system interleaves all the requests it holds. Kept in
+    virtual time: v grows at bw / n, and a transfer of b bytes that arrives at
+    v = v0 is done when v reaches v0 + b."""
+
+    def __init__(self, bw):
+        self.bw, self.v, self.t, self.queue, self.seq = bw, 0.0, 0.0, [], 0
+
+    def advance(self, now):
+        if self.queue:
+            self.v += (now - self.t) * self.bw / len(self.queue)
+        self.t = now
+
+    def arrive(self, now, nbytes, who):
+        self.advance(now)
+        heapq.heappush(self.queue, (self.v + nbytes, self.seq, who))
+        self.seq += 1
+
+    def next_done(self):
+        if not self.queue:
+            return None
+        return self.t + max(self.queue[0][0] - self.v, 0.0) * len(self.queue) / self.bw
+
+    def done(self, now):
+        self.advance(now)
+        out = []
+        while self.queue and self.queue[0][0] <= self.v * (1 + 1e-12) + 1e-6:
+            out.append(heapq.heappop(self.queue)[2])
+        return out
+
+
+PIPES = {"fifo": FifoPipe, "shared": SharedPipe}
+
+
 def simulate(tiles, grid, fig, sm_time=True, bank=True):
     """Kernel time (s) of one launch: tile t to CTA t % grid, CTA c on SM c %
     SMs; each CTA runs cta_program with fig["stages"] tile buffers (1, the
     kernels today: it stages a tile, waits, stores it, then goes on).
 
-    Memory: one pipe of `bw`, first come first served; a tile's loads are
-    servable `latency` after its stage loop starts and land no earlier than
-    `latency` after it ends; its stores are servable from its store loop's
-    start (nobody waits for them). SM: the CTAs issuing on one SM share its
-    cycles equally (processor sharing), at `clock`."""
+    Memory: one pipe of `bw`, fig["memory"] says how it serves (PIPES:
+    "shared", every transfer in it at an equal share, or "fifo", one at a
+    time); a tile's loads are servable `latency` after its stage loop starts
+    and land no earlier than `latency` after it ends; its stores are
+    servable from its store loop's start (nobody waits for them). SM: the
+    CTAs issuing on one SM share its cycles equally (processor sharing), at
+    `clock`."""
     bw, latency, clock, sms = fig["bw"], fig["latency"], fig["clock"], fig["sms"]
     work = [[] for _ in range(grid)]
     for t, tile in enumerate(tiles):
@@ -577,7 +657,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     sm_clock = {}            # SM -> time their `left` was last brought up to date
     version = [0] * sms
     events, seq = [], 0
-    pipe_free, end = 0.0, 0.0
+    pipe, pipe_version, end = PIPES[fig.get("memory", "fifo")](bw), 0, 0.0
 
     def push(at, kind, who, tag=0):
         nonlocal seq
@@ -591,16 +671,17 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
 
     def settle(sm, now):
         """Bring the SM's issuing CTAs' cycles left up to `now`, then
-        schedule their ends at the new shares."""
+        schedule the first of them to finish at the new shares (one event an
+        SM: the others' ends move with every change of the share)."""
         ctas = sm_ctas.setdefault(sm, [])
         rate = clock / len(ctas) if ctas else 0.0
         for c in ctas:
             left[c] -= rate * (now - sm_clock.get(sm, now))
         sm_clock[sm] = now
         version[sm] += 1
-        rate = clock / len(ctas) if ctas else 0.0
-        for c in ctas:
-            push(now + max(left[c], 0.0) / rate, "issued", c, version[sm])
+        if ctas:
+            first = min(ctas, key=left.__getitem__)
+            push(now + max(left[first], 0.0) / rate, "issued", first, version[sm])
 
     def maybe_land(c, k):
         if k in served[c] and k in stage_end[c]:
@@ -633,12 +714,20 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     while events:
         now, _, kind, c, tag = heapq.heappop(events)
         if kind == "servable":  # a tile's loads (c >= 0, tile tag) or stores (c < 0: -bytes) reach the pipe
-            nbytes = work[c][tag].bytes if c >= 0 else -tag
-            pipe_free = max(pipe_free, now) + nbytes / bw
-            end = max(end, pipe_free)
-            if c >= 0:
-                served[c][tag] = pipe_free
-                maybe_land(c, tag)
+            pipe.arrive(now, work[c][tag].bytes if c >= 0 else -tag, (c, tag) if c >= 0 else None)
+            pipe_version += 1
+            push(pipe.next_done(), "pipe", -1, pipe_version)
+        elif kind == "pipe":  # transfers done; a later arrival may have moved the next one
+            if tag != pipe_version:
+                continue
+            for who in pipe.done(now):
+                end = max(end, now)
+                if who is not None:
+                    served[who[0]][who[1]] = now
+                    maybe_land(*who)
+            if pipe.next_done() is not None:
+                pipe_version += 1
+                push(pipe.next_done(), "pipe", -1, pipe_version)
         elif kind == "issued":
             sm = sm_of[c]
             if tag != version[sm] or c not in sm_ctas.get(sm, []):
@@ -693,7 +782,8 @@ def figures(args):
     return {"bw": args.copy_tbps * 1e12, "latency": args.latency_us * 1e-6,
             "copy_latency": args.copy_latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
             "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc, "tile_cycles": args.tile_cycles,
-            "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"]}
+            "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"],
+            "memory": args.memory}
 
 
 def with_stages(launch, args):
@@ -746,7 +836,7 @@ def device_dict(args, regs_per_thread):
     return {"sm_count": args.sms, "smem_per_sm": args.smem_per_sm_kib * KiB,
             "smem_reserved_per_cta": args.smem_reserved_per_cta, "threads_per_sm": args.threads_per_sm,
             "regs_per_sm": args.regs_per_sm, "max_ctas_per_sm": args.max_ctas or args.max_ctas_per_sm,
-            "regs_per_thread": regs_per_thread}
+            "regs_per_thread": regs_per_thread, "col_stages": args.col_stages, "tile_budget": args.tile_budget}
 
 
 # --------------------------------------------------------------------------- one case
@@ -951,7 +1041,7 @@ def fit_latency_and_ipc(args, loops, regs, C, rows, only):
         args.latency_us, args.ipc = math.exp(x[0]), math.exp(x[1])
         return native_error(args, loops, regs, C, rows, only)
 
-    best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)])
+    best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)], evals=args.fit_evals)
     args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
     return args.latency_us, args.ipc
 
@@ -997,6 +1087,94 @@ def compare_measured(args, loops, regs, C):
     return fitted
 
 
+# --------------------------------------------------------------------------- the sweep: several plans, one fit
+
+# The executor's environment (csrc/cuda_executor.cu) as this model's arguments.
+PLAN_ENV = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas", "FLASHMLA_PERM_COL_STAGES": "col_stages",
+            "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+
+
+def sweep_points(path):
+    """(label, argument overrides, op, measured native device seconds a layer)
+    from a device check's sweep.json (bench/gpu_check.py: each plan's
+    environment and its TP1 rows)."""
+    with open(path) as f:
+        doc = json.load(f)
+    points = []
+    for label, plan in doc.items():
+        overrides = {PLAN_ENV[k]: int(v) for k, v in plan.get("env", {}).items() if k in PLAN_ENV}
+        for key, row in plan.get("rows", {}).items():
+            op, backend = key.split()
+            if backend == "native" and row.get("device_ms_per_layer"):
+                points.append((label, overrides, op, row["device_ms_per_layer"] * 1e-3))
+    return points
+
+
+def sweep_predictions(args, loops, regs, C, points):
+    """Predicted seconds a layer for each point, at TP1, under its plan."""
+    saved = {a: getattr(args, a) for a in PLAN_ENV.values()}
+    out = []
+    try:
+        for label, overrides, op, _ in points:
+            for a in PLAN_ENV.values():
+                setattr(args, a, overrides.get(a, {"max_ctas": None, "col_stages": 1, "tile_budget": 0}[a]))
+            case = next(c for c in cases([op]) if c.tp == 1)
+            launches = C.gpu_launches(op, case.dims, device_dict(args, regs[case.kernel]))
+            out.append(predicted_time(case, launches, figures(args), loops))
+    finally:
+        for a, v in saved.items():
+            setattr(args, a, v)
+    return out
+
+
+_SWEEP_STATE = {}  # what forked workers of compare_sweep read: (args, loops, regs, C, points)
+
+
+def _predict_point(i, latency_us, ipc):
+    args, loops, regs, C, points = _SWEEP_STATE["state"]
+    args.latency_us, args.ipc = latency_us, ipc
+    return sweep_predictions(args, loops, regs, C, [points[i]])[0]
+
+
+def compare_sweep(args, loops, regs, C):
+    """Each plan of a sweep predicted against measured, then the tiles'
+    latency and the issue rate fitted across all of them at once: one pair
+    of figures must explain every plan, or the model is missing a cause.
+    The points of one evaluation simulate in parallel (forked workers: the
+    GPU machine has 16 cores, and a fit takes about 80 evaluations)."""
+    points = [p for p in sweep_points(args.sweep) if p[2] in {c.op for c in cases()}]
+    if not points:
+        print(f"gpu_model: no native TP1 rows of the model's ops in {args.sweep}: nothing to compare")
+        return {}
+    _SWEEP_STATE["state"] = (args, loops, regs, C, points)
+    n = len(points)
+    with concurrent.futures.ProcessPoolExecutor(min(n, os.cpu_count() or 1),
+                                                mp_context=multiprocessing.get_context("fork")) as pool:
+        def predict(latency_us, ipc):
+            return list(pool.map(_predict_point, range(n), [latency_us] * n, [ipc] * n))
+
+        before = predict(args.latency_us, args.ipc)
+
+        def err(x):
+            return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(math.exp(x[0]), math.exp(x[1])), points))
+
+        best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)], evals=args.fit_evals)
+        args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
+        after = predict(args.latency_us, args.ipc)
+    print(f"sweep: {args.sweep} (TP1; device us a layer)")
+    print(f"{'plan':14} {'op':6} {'measured':>9} {'predicted':>9} {'fitted':>9}")
+    records = []
+    for (label, overrides, op, measured), b, a in zip(points, before, after):
+        print(f"{label:14} {op:6} {measured * 1e6:9.2f} {b * 1e6:9.2f} {a * 1e6:9.2f}")
+        records.append({"plan": label, "overrides": overrides, "op": op, "measured_us": measured * 1e6,
+                        "predicted_us": b * 1e6, "fitted_us": a * 1e6})
+    worst = max(abs(math.log(r["fitted_us"] / r["measured_us"])) for r in records)
+    print(f"one fit across the plans: latency_us {args.latency_us:.4g}, ipc {args.ipc:.4g}; "
+          f"worst point off by {math.exp(worst) - 1:.0%}")
+    return {"points": records, "fitted": {"latency_us": args.latency_us, "ipc": args.ipc},
+            "worst_ratio": math.exp(worst)}
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv=None):
@@ -1009,6 +1187,12 @@ def main(argv=None):
         return 2
     regs, reg_source = kernel_registers(args)
     loops, totals, loop_source = kernel_loops(args)
+    if args.sweep:
+        result = compare_sweep(args, loops, regs, _ops._C)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"sweep": args.sweep, **result}, f, indent=2)
+        return 0
     if args.measured:
         fitted = compare_measured(args, loops, regs, _ops._C)
         if args.json:

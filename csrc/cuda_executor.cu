@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <mutex>
 #include <type_traits>
 
@@ -107,28 +106,36 @@ __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_save_heads(Jobs<Row
   });
 }
 
+// Half of a column tile at V = 16, for two_stage_loop.
+template <bool kStaged>
+__device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_t tile, uint8_t* buf, bool store) {
+  if constexpr (kStaged)
+    col_staged_half<16>(ctx, job, tile, buf, store);
+  else
+    col_direct_half<16>(ctx, job, tile, buf, store);
+}
+
 // Staged and direct tiles in kernels of their own (a launch's jobs are all
-// one or the other): one body each keeps the registers down. Direct jobs
-// that gather in their stage loop come with two tile buffers (stage_bytes,
-// launch.cpp) and run two_stage_loop.
+// one or the other): one body each keeps the registers down. Jobs planned
+// with two tile buffers (stage_bytes, launch.cpp set_two_stages: direct
+// tiles that gather in their stage loop; staged ones where the device spec
+// asks, FLASHMLA_PERM_COL_STAGES) run two_stage_loop.
 template <bool kStaged>
 __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
-  if constexpr (!kStaged) {
-    if (p.job[0].stage_bytes > 0) {
-      const int64_t split = p.job[0].tiles;
-      const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
-      // V = 16: launch.cpp set_two_stages plans two stages for no other width.
-      two_stage_loop(ctx, blockIdx.x, gridDim.x, total, reinterpret_cast<uint8_t*>(smem), p.job[0].stage_bytes,
-                     [&](int64_t t, uint8_t* buf, bool store) {
-                       if (t < split)
-                         col_direct_half<16>(ctx, p.job[0], t, buf, store);
-                       else
-                         col_direct_half<16>(ctx, p.job[1], t - split, buf, store);
-                     });
-      return;
-    }
+  if (p.job[0].stage_bytes > 0) {
+    const int64_t split = p.job[0].tiles;
+    const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
+    // V = 16: launch.cpp set_two_stages plans two stages for no other width.
+    two_stage_loop(ctx, blockIdx.x, gridDim.x, total, reinterpret_cast<uint8_t*>(smem), p.job[0].stage_bytes,
+                   [&](int64_t t, uint8_t* buf, bool store) {
+                     if (t < split)
+                       col_half<kStaged>(ctx, p.job[0], t, buf, store);
+                     else
+                       col_half<kStaged>(ctx, p.job[1], t - split, buf, store);
+                   });
+    return;
   }
   for_each_tile(p, AllTiles{}, [&](const ColJob& job, int64_t tile) {
     with_vector_width(job.vec, [&](auto v) {
@@ -162,17 +169,20 @@ void launch(const Launch& l, cudaStream_t stream) {
 
 }  // namespace
 
-// FLASHMLA_PERM_MAX_CTAS_PER_SM=n plans at most n CTAs a SM (fewer bytes in
-// flight, the same work): the device check's sweep, which tells the load
-// latency a tile sees from the issue rate (bench/gpu_check.py). Read with the
-// device's figures, once a process.
-static int ctas_per_sm_cap() {
-  const char* text = std::getenv("FLASHMLA_PERM_MAX_CTAS_PER_SM");
-  if (text == nullptr || *text == '\0') return std::numeric_limits<int>::max();
+// The device check's sweep (bench/gpu_check.py) plans launches other than
+// the default through these, read with the device's figures, once a
+// process: FLASHMLA_PERM_MAX_CTAS_PER_SM=n, at most n CTAs a SM (fewer bytes
+// in flight, the same work: it tells the load latency a tile sees from the
+// issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers a CTA for staged
+// column tiles (the in-place wo_a and wv weights and their scales);
+// FLASHMLA_PERM_TILE_BUDGET=bytes, smaller row and staged column tiles.
+static int env_whole_number(const char* name, int lowest, int highest, int unset) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return unset;
   char* end = nullptr;
   const long n = std::strtol(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && n >= 1 && n <= 1024, "FLASHMLA_PERM_MAX_CTAS_PER_SM must be a whole number from 1 to ",
-              "1024, got '", text, "'");
+  TORCH_CHECK(*end == '\0' && n >= lowest && n <= highest, name, " must be a whole number from ", lowest, " to ",
+              highest, ", got '", text, "'");
   return static_cast<int>(n);
 }
 
@@ -193,7 +203,10 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.smem_reserved_per_cta = static_cast<int64_t>(prop.reservedSharedMemPerBlock);
   s.threads_per_sm = prop.maxThreadsPerMultiProcessor;
   s.regs_per_sm = prop.regsPerMultiprocessor;
-  s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor, ctas_per_sm_cap());
+  s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor,
+                               env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
+  s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
+  s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
   auto regs_of = [](const void* kernel) {
     // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
     // 33 KiB), so ask for the largest carveout rather than the driver's guess.

@@ -81,18 +81,39 @@ ColJob col_job(const ColView& v, const ColPlan& plan, const int32_t* offsets) {
   return p;
 }
 
-// Direct jobs that all gather in their stage loop at V = 16 (permute_q) get
-// two tile buffers: a CTA stages its next tile while it stores this one
-// (two_stage_loop). Within kGpuTileBudget: a direct tile is at most
-// kGpuDirectSlice. The first device run found the kernels waiting on each
-// tile's round trip (docs/PERFORMANCE.md). V = 16 only: the loop at every
-// width took the sm_80 build into spills.
-void set_two_stages(Launch& l) {
-  int64_t buf = 0;
+// Rows of a staged tile whose buffer holds `budget` bytes: enough tiles for
+// every SM twice over, each within the budget.
+int64_t staged_tile_rows(int64_t rows, int64_t buf_pitch, int64_t budget, const DeviceSpec& dev) {
+  return std::clamp<int64_t>(ceil_div(rows, 2 * int64_t{dev.sm_count}), 1, std::max<int64_t>(1, budget / buf_pitch));
+}
+
+// Two tile buffers a CTA: it stages its next tile while it stores this one
+// (two_stage_loop). The first device run found the kernels waiting on each
+// tile's round trip (docs/PERFORMANCE.md). For direct jobs that all gather in
+// their stage loop (permute_q) always; for staged jobs (in place: the wo_a and
+// wv weights and their scales) where dev.col_stages asks, each buffer half
+// the budget, until a device run says which is faster. All of a launch's jobs
+// or none, and V = 16 only: the loop at every width took the sm_80 build
+// into spills.
+void set_two_stages(Launch& l, const DeviceSpec& dev) {
+  const bool staged = l.cols[0].staged;
   for (int j = 0; j < l.num_jobs; ++j) {
     const ColJob& p = l.cols[j];
-    if (p.staged || p.vec != 16 || !gathers_in_stage(p, 16, false)) return;
-    buf = std::max(buf, round_up(p.tile_rows * p.slice_bytes, 16));
+    if (p.staged != staged || p.vec != 16) return;
+    if (staged ? dev.col_stages < 2 || p.buf_pitch > tile_budget(dev) / 2 : !gathers_in_stage(p, 16, false)) return;
+  }
+  int64_t buf = 0;
+  for (int j = 0; j < l.num_jobs; ++j) {
+    ColJob& p = l.cols[j];
+    if (staged) {
+      p.tile_rows = staged_tile_rows(p.rows, p.buf_pitch, tile_budget(dev) / 2, dev);
+      p.tiles = ceil_div(p.rows, p.tile_rows);
+      set_col_items(p);
+      l.inflight_bytes[j] = l.max_tile_bytes[j] = p.tile_rows * p.row_bytes;
+      buf = std::max(buf, round_up(p.tile_rows * p.buf_pitch, 16));
+    } else {
+      buf = std::max(buf, round_up(p.tile_rows * p.slice_bytes, 16));
+    }
   }
   for (int j = 0; j < l.num_jobs; ++j) l.cols[j].stage_bytes = buf;
   l.smem_bytes = 2 * buf;
@@ -184,12 +205,13 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     const UnitView& v = views[j];
     // The whole segment in one pass where it fits: narrow the byte slices
     // first (whole 128-byte lines), then the lines.
-    auto fits = [&](int64_t lines, int64_t bytes) { return max_len * lines * bytes <= kGpuTileBudget; };
+    const int64_t budget = tile_budget(dev);
+    auto fits = [&](int64_t lines, int64_t bytes) { return max_len * lines * bytes <= budget; };
     int64_t lines = v.lines, bytes = v.line_bytes;
     if (!fits(lines, bytes))
-      bytes = even_piece(v.line_bytes, kGpuTileBudget / (max_len * lines), kGpuSliceAlign);
+      bytes = even_piece(v.line_bytes, std::max<int64_t>(1, budget / (max_len * lines)), kGpuSliceAlign);
     if (!fits(lines, bytes))
-      lines = even_piece(v.lines, std::max<int64_t>(1, kGpuTileBudget / (max_len * bytes)), 1);
+      lines = even_piece(v.lines, std::max<int64_t>(1, budget / (max_len * bytes)), 1);
     // Few segments (small shards): thinner slices, so that every SM gets
     // tiles (at least two per SM where the lines allow).
     const int64_t want = 2 * int64_t{dev.sm_count};
@@ -200,7 +222,7 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     }
     const int64_t step = fits(lines, bytes)
                              ? max_len
-                             : std::max<int64_t>(1, kGpuTileBudget / (lines * bytes) - 1);
+                             : std::max<int64_t>(1, budget / (lines * bytes) - 1);
     main.rows[j] = row_job(v, plan, index, lines, bytes, step);
     const int64_t smem = row_tile_buffer_bytes(lines, bytes, step, max_len);
     main.smem_bytes = std::max(main.smem_bytes, smem);
@@ -277,8 +299,7 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
     if (p.staged) {
       // Enough tiles for every SM twice over, each at most the budget.
       p.buf_pitch = col_buf_pitch(v.row_bytes, v.run, p.vec);
-      p.tile_rows = std::clamp<int64_t>(ceil_div(v.rows, 2 * int64_t{dev.sm_count}), 1,
-                                        std::max<int64_t>(1, kGpuTileBudget / p.buf_pitch));
+      p.tile_rows = staged_tile_rows(v.rows, p.buf_pitch, tile_budget(dev), dev);
       p.slice_bytes = v.row_bytes;
       p.row_tiles = 1;
       smem = round_up(p.tile_rows * p.buf_pitch, 16);
@@ -301,7 +322,7 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
     l.bytes[j] = v.rows * v.row_bytes;
     l.max_tile_bytes[j] = p.tile_rows * p.slice_bytes;
   }
-  set_two_stages(l);
+  set_two_stages(l, dev);
   finish(l, dev);
   if (n == 2 && l.cols[0].staged != l.cols[1].staged) {
     std::vector<Launch> apart;

@@ -51,6 +51,8 @@ struct DeviceSpec {
   int regs_per_sm = 65536;
   int max_ctas_per_sm = 32;
   int regs[3] = {96, 72, 80};  // per thread, by Kernel (kCols: the larger of its two)
+  int col_stages = 1;  // tile buffers a CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
+  int64_t tile_budget = 0;  // bytes a row or staged column tile buffers; 0 (or over it): kGpuTileBudget
 };
 
 // GPU figures, kept here so that the harness and the model see what the GPU gets.
@@ -58,6 +60,11 @@ constexpr int kGpuThreads = 128;
 // Tile buffer per CTA: under the 48 KiB that needs no opt-in, and small
 // enough that several CTAs share an SM (each stages its whole tile at once).
 constexpr int64_t kGpuTileBudget = 32 * 1024;
+// What dev.tile_budget leaves of kGpuTileBudget (the device check's sweep
+// plans smaller tiles through it: FLASHMLA_PERM_TILE_BUDGET).
+inline int64_t tile_budget(const DeviceSpec& dev) {
+  return dev.tile_budget > 0 && dev.tile_budget < kGpuTileBudget ? dev.tile_budget : kGpuTileBudget;
+}
 // Slices of rows are multiples of this, so that no 32-byte sector (nor
 // 128-byte line) is split between two CTAs.
 constexpr int64_t kGpuSliceAlign = 128;

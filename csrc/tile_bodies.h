@@ -575,6 +575,14 @@ FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, const Gath
   ctx.sync();  // the next tile reuses the buffer
 }
 
+// A staged tile's rows, as the gathered slice of its whole rows.
+template <int V>
+FLASHMLA_PERM_BODY GatheredSlice staged_slice(const ColJob& p, int64_t tile) {
+  const int64_t r0 = tile * p.tile_rows;
+  return {r0, static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0)), 0, static_cast<uint32_t>(p.row_bytes / V),
+          p.items_div[0]};
+}
+
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf) {
   const int64_t r0 = tile * p.tile_rows;
@@ -610,8 +618,7 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     // reads only its own rows, all before its barrier. V = 16 only (the
     // other widths keep the gather below): every width of this form took
     // the sm_100 build past 255 registers, into spills.
-    col_gathered_slice<V>(ctx, p, {r0, static_cast<uint32_t>(nr), 0, static_cast<uint32_t>(rb / V), p.items_div[0]},
-                          buf);
+    col_gathered_slice<V>(ctx, p, staged_slice<V>(p, tile), buf);
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
     const uint32_t nrows = static_cast<uint32_t>(nr);
@@ -656,6 +663,27 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     else
       store_items<V, 1>(ctx, nrows * per_row, gathered);
     ctx.sync();  // the next tile reuses the buffer
+  }
+}
+
+// Half of a staged tile at V = 16 (a launch gives staged jobs stage_bytes
+// only then, launch.cpp set_two_stages): its stage loop into `buf`, or its
+// store loop from it. In place too: a tile reads and writes only its own
+// rows, so the next tile's loads (other rows) may fly while this one stores.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void col_staged_half(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf, bool store) {
+  if (gathers_in_stage(p, V, true)) {
+    const GatheredSlice g = staged_slice<V>(p, tile);
+    if (store)
+      col_gathered_store<V>(ctx, p, g, buf);
+    else
+      col_gathered_stage<V>(ctx, p, g, buf);
+  } else if (store) {
+    // A tile that gathers from its buffer (the per-32 scales: little of the
+    // bytes) runs whole, in one stage, in its store half: split in two
+    // halves it spilled registers on sm_90. Its stage_wait also waits for
+    // the next tile's group, which costs that one overlap only.
+    col_staged_tile<V>(ctx, p, tile, buf);
   }
 }
 

@@ -299,6 +299,75 @@ def test_direct_gathered_launches_take_two_stages_and_the_model_runs_them():
     assert m.with_stages(o, args)["stages"] == 2 and m.with_stages(o, args)["ctas_per_sm"] <= o["ctas_per_sm"]
 
 
+@needs_native
+def test_the_sweep_plans_reach_the_launches():
+    """The executor's environment as device fields (csrc/cuda_executor.cu):
+    col_stages 2 gives staged jobs two buffers of half-size tiles, all of a
+    launch's jobs or none (the packed wv scale, V = 4, keeps its launch at one);
+    tile_budget bounds every row and staged column tile."""
+    from flashmla_perm import _ops
+    wo_a = [8192, 4096, 8]
+    (one,) = _ops._C.gpu_launches("wo_a", wo_a, {})
+    (two,) = _ops._C.gpu_launches("wo_a", wo_a, {"col_stages": 2})
+    assert two["stages"] == 2 and two["smem_bytes"] == one["smem_bytes"], (one, two)
+    assert two["jobs"][0]["max_tile_bytes"] == one["jobs"][0]["max_tile_bytes"] // 2
+    assert two["jobs"][0]["tiles"] == 2 * one["jobs"][0]["tiles"]
+    (wv,) = _ops._C.gpu_launches("wv_packed", [8, 1024, 4096, 8], {"col_stages": 2})
+    assert wv["stages"] == 1 and [j["vec"] for j in wv["jobs"]] == [16, 4], wv
+    for op, dims in (("wq_b", [32768, 1280, 64]), ("wo_a", wo_a), ("wq_b_packed", [32768, 1280, 64, 32])):
+        for budget in (8192, 16384):
+            for launch in _ops._C.gpu_launches(op, dims, {"tile_budget": budget}):
+                if launch["kernel"] != "save_heads":
+                    assert max(j["max_tile_bytes"] for j in launch["jobs"]) <= budget, (op, budget, launch)
+                    assert launch["smem_bytes"] <= budget, (op, budget, launch)
+
+
+def test_a_shared_pipe_serves_transfers_together_and_a_fifo_one_after_another():
+    m = load_model()
+    # a and b (1 byte each) at t = 0, c (0.5) at t = 1, one byte a second.
+    # Shared: a and b have half a byte left at t = 1, then all three move at
+    # a third each and end together. Fifo: a, then b, then c.
+    for kind, done_at in (("shared", [2.5, 2.5, 2.5]), ("fifo", [1.0, 2.0, 2.5])):
+        pipe, times = m.PIPES[kind](1.0), {}
+        pipe.arrive(0.0, 1.0, "a")
+        pipe.arrive(0.0, 1.0, "b")
+        pipe.arrive(1.0, 0.5, "c")
+        while pipe.next_done() is not None:
+            t = pipe.next_done()
+            for who in pipe.done(t):
+                times[who] = t
+        assert [times[w] for w in "abc"] == pytest.approx(done_at), kind
+
+
+@needs_native
+def test_sweep_round_trip(tmp_path):
+    """A sweep.json made by the model itself, each plan under its own
+    environment, with another tile latency and issue rate: the one fit
+    across the plans finds them again, and every plan fits."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    m = load_model()
+    plans = [p for p in gpu_check.SWEEP if p[0] in ("ctas2", "tile16k", "col2")]
+    doc = {}
+    for label, env, kinds in plans:
+        flags = [f"--{m.PLAN_ENV[k].replace('_', '-')}={v}" for k, v in env.items()]
+        proc, records = run_model(tmp_path, "--ops", kinds, "--latency-us=1.4", "--ipc=0.45", *flags,
+                                  name=f"{label}.json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc[label] = {"env": env, "rows": {f"{r['op']} native": {"device_ms_per_layer": r["predicted_us"] / 1e3,
+                                                                  "x_copy_device": 1.0}
+                                           for r in records if r["tp"] == 1}}
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(doc))
+    proc, fit = run_model(tmp_path, "--sweep", str(sweep), name="fit.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(fit["points"]) == 5
+    assert fit["fitted"]["latency_us"] == pytest.approx(1.4, rel=0.02) and fit["fitted"]["ipc"] == pytest.approx(
+        0.45, rel=0.05), fit
+    assert fit["worst_ratio"] < 1.01
+
+
 FAKE_SASS = """
 \tFunction : _ZN13flashmla_perm4anon18flashmla_perm_rowsENS0_4JobsINS_6RowJobEEE
         /*0000*/                   MOV R1, R2 ;

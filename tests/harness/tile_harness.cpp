@@ -150,7 +150,14 @@ void run_cols_serial(const fp::ColView& view, const fp::ColPlan& plan) {
 // threads, its own barrier and shared buffer, taking tiles b, b + grid, ...
 // of the launch's jobs in order (job 0's tiles, then job 1's), as the CUDA
 // kernels' for_each_tile does. `concurrent` CTAs run at a time.
+void report(bool ok, const std::string& what);
+
 void run_launch(const fp::Launch& l, int concurrent) {
+  // A CTA's shared memory stays within the tile budget (under the 48 KiB a
+  // launch may take without opting in), whatever its stages.
+  if (l.smem_bytes > fp::kGpuTileBudget)
+    report(false, std::string(fp::kernel_name(l.kernel)) + " launch plans " + std::to_string(l.smem_bytes) +
+                      " bytes of shared memory, over the budget");
   const int threads = l.threads;
   const int64_t split = l.job_tiles(0);
   const int64_t total = l.tiles;
@@ -172,7 +179,8 @@ void run_launch(const fp::Launch& l, int concurrent) {
     });
   };
   // A CTA's tiles one after another, or, with two tile buffers (direct
-  // gathered tiles), through two_stage_loop, as the CUDA kernel does.
+  // gathered tiles; staged ones where the device spec asks), through
+  // two_stage_loop, as the CUDA kernel does.
   auto cta = [&](ThreadCtx& ctx, int64_t b, uint8_t* smem) {
     if (l.stages == 1) {
       for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, smem);
@@ -180,7 +188,11 @@ void run_launch(const fp::Launch& l, int concurrent) {
     }
     fp::two_stage_loop(ctx, b, l.grid, total, smem, l.cols[0].stage_bytes, [&](int64_t t, uint8_t* buf, bool store) {
       const int j = t < split ? 0 : 1;  // V = 16, as in the kernel
-      fp::col_direct_half<16>(ctx, l.cols[j], j == 0 ? t : t - split, buf, store);
+      const int64_t tile = j == 0 ? t : t - split;
+      if (l.cols[j].staged)
+        fp::col_staged_half<16>(ctx, l.cols[j], tile, buf, store);
+      else
+        fp::col_direct_half<16>(ctx, l.cols[j], tile, buf, store);
     });
   };
   concurrent = static_cast<int>(std::min<int64_t>(concurrent, l.grid));
@@ -317,10 +329,11 @@ struct Rows {
 
 // A small device, so that a few tiles already make several waves: a CTA
 // runs several tiles (with two stages, through both buffers).
-fp::DeviceSpec small_device() {
+fp::DeviceSpec small_device(int col_stages = 1) {
   fp::DeviceSpec d;
   d.sm_count = 2;
   d.max_ctas_per_sm = 2;
+  d.col_stages = col_stages;
   return d;
 }
 
@@ -380,8 +393,12 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
 // Out of place, the destination sits at `dst_offset`, by default 1-4 bytes
 // off the source's alignment: the vector width must follow both addresses
 // (a store checks it); an aligned one gives 16-byte vectors.
+int staged_two_stage_runs = 0;  // check_cols runs that asked for two staged stages and got them
+
+// col_stages 2: staged tiles through two buffers where the launch allows it
+// (V = 16), as FLASHMLA_PERM_COL_STAGES=2 plans them on a GPU.
 void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset,
-                bool in_place, int threads, const std::string& name, int64_t dst_offset = -1) {
+                bool in_place, int threads, const std::string& name, int64_t dst_offset = -1, int col_stages = 1) {
   const int64_t row_bytes = static_cast<int64_t>(perm.size()) * esize;
   Rows src(rows, row_bytes, row_bytes + (offset % 3) * 16, offset);
   const Rows dst_rows(rows, row_bytes, src.row_stride, dst_offset >= 0 ? dst_offset : offset + 1 + offset % 4);
@@ -401,14 +418,17 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
   } else {
     const fp::ColPlan* plans[] = {&plan};
     const int32_t* offsets[] = {plan.source_offset.data()};
-    launches = fp::gpu_col_launches(&view, plans, offsets, 1, small_device());
+    launches = fp::gpu_col_launches(&view, plans, offsets, 1, small_device(col_stages));
   }
   for (auto& l : launches) l.threads = threads;
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 3);
+  const int stages = launches.empty() ? 1 : launches.front().stages;
+  if (col_stages > 1 && stages > 1) ++staged_two_stage_runs;  // all but the 8-byte aligned case
   report(dst.buf == expected, "cols " + name + (in_place ? " in place" : " out of place") +
                                   " cols=" + std::to_string(perm.size()) + " esize=" +
-                                  std::to_string(esize) + " threads=" + std::to_string(threads));
+                                  std::to_string(esize) + " threads=" + std::to_string(threads) +
+                                  (stages > 1 ? " two stages" : ""));
 }
 
 // Two out-of-place jobs in one launch, both gathered in the stage loop at
@@ -818,6 +838,14 @@ void stress(const std::vector<int>& thread_counts) {
         {"o 4x1024, 61 rows", fp::o_fused_permutation(4, 1024), 1, 61, 0, false},  // 16 two-stage tiles
     };
     for (auto& c : gc) check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
+    // Staged tiles through two buffers (FLASHMLA_PERM_COL_STAGES=2): in place,
+    // gathered in the stage loop (weights) and from the buffer (per-32 scales),
+    // CTAs with several tiles on the small device.
+    for (auto& c : gc)
+      if (c.in_place) check_cols(c.perm, c.esize, 4 * c.rows, c.offset, true, threads, "aligned " + c.name, 16, 2);
+    check_cols(fp::o_fused_chunk_permutation(8, 512), 1, 90, 0, true, threads, "aligned o chunks 8x16", 16, 2);
+    report(staged_two_stage_runs == 7, "staged two-stage launches planned: " + std::to_string(staged_two_stage_runs));
+    staged_two_stage_runs = 0;
     check_two_direct_jobs(threads);
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
@@ -841,7 +869,22 @@ void print_launch(const std::string& what, const fp::Launch& l) {
   std::printf("\n");
 }
 
-void model_wq_b(int tp) {
+// A device spec as the sweep's environment plans it, and its name.
+struct Variant {
+  int col_stages = 1;
+  int64_t tile_budget = 0;
+  fp::DeviceSpec spec() const {
+    fp::DeviceSpec d;
+    d.col_stages = col_stages;
+    d.tile_budget = tile_budget;
+    return d;
+  }
+  std::string name() const {
+    return (col_stages > 1 ? " col_stages 2" : "") + (tile_budget ? " budget " + std::to_string(tile_budget) : "");
+  }
+};
+
+void model_wq_b(int tp, Variant variant = {}) {
   const int64_t heads = kHeads / tp, rows = heads * kHeadDim;
   const std::vector<int64_t> perm = fp::q_fused_permutation(heads, kHeadDim);
   Rows w(rows, kQLora, kQLora, 0), s(rows, kQLora / 32, kQLora / 32, 0);
@@ -850,14 +893,15 @@ void model_wq_b(int tp) {
   const fp::UnitView views[] = {fp::row_units(w.data(), kQLora, kQLora, plan.unit_rows),
                                 fp::row_units(s.data(), kQLora / 32, kQLora / 32, plan.unit_rows)};
   std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(views, 2, plan, plan.index.data(), fp::DeviceSpec{});
-  for (const auto& l : launches) print_launch("wq_b tp" + std::to_string(tp), l);
+      fp::gpu_row_launches(views, 2, plan, plan.index.data(), variant.spec());
+  const std::string name = "wq_b tp" + std::to_string(tp) + variant.name();
+  for (const auto& l : launches) print_launch(name, l);
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b tp" + std::to_string(tp));
+  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model " + name);
 }
 
-void model_wo_a(int tp) {
+void model_wo_a(int tp, Variant variant = {}) {
   const int64_t rows = kGroups / tp * kOLora, cols = 8 * kHeadDim;
   const std::vector<int64_t> wp = fp::o_fused_permutation(8, kHeadDim);
   const std::vector<int64_t> sp = fp::o_fused_chunk_permutation(8, kHeadDim);
@@ -868,11 +912,13 @@ void model_wo_a(int tp) {
                                fp::col_rows(s.data(), s.data(), rows, cols / 32, cols / 32, cols / 32)};
   const fp::ColPlan* plans[] = {&wplan, &splan};
   const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
-  std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, fp::DeviceSpec{});
-  for (const auto& l : launches) print_launch("wo_a tp" + std::to_string(tp), l);
+  std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, variant.spec());
+  const std::string name = "wo_a tp" + std::to_string(tp) + variant.name();
+  for (const auto& l : launches) print_launch(name, l);
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wo_a tp" + std::to_string(tp));
+  report(launches.size() == 1 && launches[0].stages == variant.col_stages && w.buf == ew && s.buf == es,
+         "model " + name);
 }
 
 // DeepGEMM's packed scale: int32 [rows, K / 128] (gran 32), MN-major
@@ -957,6 +1003,11 @@ int main(int argc, char** argv) {
   if (model) {
     for (int tp : {1, 2, 4, 8}) model_wq_b(tp);
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
+    // The device check's sweep variants (FLASHMLA_PERM_COL_STAGES, FLASHMLA_PERM_TILE_BUDGET).
+    for (int tp : {1, 8}) {
+      for (int64_t budget : {8192, 16384}) model_wq_b(tp, {1, budget});
+      for (Variant v : {Variant{2, 0}, Variant{1, 8192}, Variant{1, 16384}, Variant{2, 16384}}) model_wo_a(tp, v);
+    }
     for (int tp : {1, 8}) model_wq_b_packed(tp);
     for (int tp : {1, 8}) model_wv_packed(tp);
     model_permute_q(64, 256);  // 1024 tiles on 792 CTAs: CTAs with two, through both buffers
