@@ -28,7 +28,9 @@ one budget, the figures most wanted first:
   ptxas      scripts/ptxas_gate.py on the build log (no spills, no stack)
   ncu        Nsight Compute on one native wq_b and one wo_a call at TP 1
              (bench/ncu_case.py): DRAM throughput as a fraction of peak,
-             shared-memory bank conflicts, instructions issued per byte moved
+             shared-memory bank conflicts, instructions issued per byte moved;
+             in a second pass, the cycles a warp waits on each stall reason
+             per instruction issued
   memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
   racecheck  the same under racecheck
   model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
@@ -90,6 +92,17 @@ NCU_METRICS = {
     "smsp__inst_executed.sum": "instructions",
     "gpu__time_duration.sum": "duration_ns",
 }
+# Why the warps wait: cycles a warp spends stalled on each reason per
+# instruction it issues (their sum is the warp's cycles per instruction).
+# A second ncu pass of its own, so that a metric this ncu lacks costs only
+# these figures. The first device run found the SMs issuing 0.2-0.3 of a
+# scheduler's rate without saying on what they waited.
+NCU_STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "lg_throttle", "mio_throttle", "drain", "membar",
+              "wait", "not_selected", "selected", "math_pipe_throttle", "no_instruction", "dispatch_stall",
+              "branch_resolving", "sleeping", "imc_miss", "misc")
+NCU_STALL_METRICS = {f"smsp__average_warp_latency_issue_stalled_{r}.ratio": r for r in NCU_STALLS}
+NCU_STALL_METRICS.update({"smsp__average_warp_latency_per_inst_issued.ratio": "cycles_per_instruction",
+                          "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct"})
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
 # The sweep's launch plans: (label, environment, kinds). Caps on CTAs a SM
@@ -426,6 +439,14 @@ def step_ncu(cfg, step):
                   "--export", report, "--force-overwrite", cfg.py, *case])
         step.run([cfg.ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
                  stdout=cfg.path(f"ncu_{kind}.csv"))
+        stalls = cfg.path(f"ncu_{kind}_stalls")
+        if step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
+                     "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_STALL_METRICS),
+                     "--export", stalls, "--force-overwrite", cfg.py, *case], check=False) == 0:
+            step.run([cfg.ncu, "--import", stalls + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
+                     stdout=cfg.path(f"ncu_{kind}_stalls.csv"), check=False)
+        else:
+            step.say(f"NOTE the stall metrics' ncu pass failed for {kind}: the main figures stand")
 
 
 def sanitize(cfg, step, tool, env=None):
@@ -572,7 +593,30 @@ def ncu_kind_figures(csv_path, case):
     if moved:
         f.update(bytes_moved=moved, instructions_per_byte=round(total["instructions"] / moved, 4),
                  dram_bytes_per_byte_moved=round(f["dram_bytes"] / moved, 3))
+    stalls = ncu_stall_figures(csv_path.replace(".csv", "_stalls.csv"))
+    if stalls:
+        f["stalls"] = stalls
     return f
+
+
+def ncu_stall_figures(csv_path):
+    """NCU_STALL_METRICS of our kernels' launches (the stall pass's CSV),
+    each launch's weighted by its instructions' share: cycles a warp waits
+    on each reason per instruction issued, largest first."""
+    lines = [line for line in read_text(csv_path).splitlines() if line.startswith('"')]
+    launches = {}
+    for row in csv.DictReader(lines):
+        metric = NCU_STALL_METRICS.get(row.get("Metric Name", ""))
+        if metric:
+            launches.setdefault(row["ID"], {})[metric] = number(row["Metric Value"])
+    if not launches:
+        return {}
+    n = len(launches)
+    mean = {k: round(sum(launch.get(k, 0.0) for launch in launches.values()) / n, 2)
+            for k in NCU_STALL_METRICS.values()}
+    reasons = sorted(((mean[r], r) for r in NCU_STALLS if mean[r] > 0), reverse=True)
+    return {"cycles_per_instruction": mean["cycles_per_instruction"], "occupancy_pct": mean["occupancy_pct"],
+            "per_instruction": {r: v for v, r in reasons}}
 
 
 def ncu_figures(cfg):
@@ -774,7 +818,10 @@ def short(name, f):
         return "; ".join(
             f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}" if v.get("dry") else
                         v.get("error") or f"DRAM {v.get('dram_pct_of_peak')}% of peak, "
-                        f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B")
+                        f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B"
+                        + ("; stalls a instr: " + ", ".join(f"{r} {c}" for r, c in
+                                                           list(v["stalls"]["per_instruction"].items())[:4])
+                           if v.get("stalls") else ""))
             for k, v in f.items() if v)
     if name == "sweep":
         parts = []
@@ -825,7 +872,8 @@ def print_summary(record):
 OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json", "bench.json", "model.json",
            "model_fit.json", "probe.json", "sweep.json", "sweep_model.json",
            *(f"sweep_{label}.json" for label, _, _ in SWEEP),
-           *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep")))
+           *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep", "_stalls.csv",
+                                                             "_stalls.ncu-rep")))
 
 
 def main():
