@@ -13,7 +13,10 @@ import crash_probe  # noqa: E402
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
-def test_a_process_that_segfaults_is_reported_with_its_native_stack(tmp_path):
+def test_a_process_that_segfaults_is_reported_with_its_native_stack(tmp_path, monkeypatch):
+    # Under scripts/sanitize.sh the sanitizer runtimes are preloaded too, and
+    # AddressSanitizer's own SIGSEGV handler would end the child first.
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
     preload = crash_probe.build_preload(str(tmp_path))
     assert preload
     rc, _, out, err, stack = crash_probe.ended([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], preload)
