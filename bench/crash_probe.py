@@ -28,7 +28,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE_TIMEOUT_S = 120
+CASE_TIMEOUT_S = 25  # a case is one op and a CUDA start; the device check's probe step has 40 s
 
 # name -> (CUDA only, what it must raise: (exception names regex, message regex),
 # or None: it must succeed). "first": the process's first op of this package.
@@ -77,6 +77,7 @@ def case_functions(device):
             call()
         finally:
             unchanged(*before)
+        return "did not raise"
 
     def valid():
         w, s = wq()
@@ -89,40 +90,40 @@ def case_functions(device):
     def bad_scale_rows():
         w, s = wq()
         s = s[:128]
-        bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
+        return bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
 
     def bad_scale_rows_after_valid():
         valid()
-        bad_scale_rows()
+        return bad_scale_rows()
 
     def bad_heads():
         w, s = wq()
-        bad(lambda: fp.permute_wq_b_(w, s, 0), w, s)
+        return bad(lambda: fp.permute_wq_b_(w, s, 0), w, s)
 
     def bad_scale_device():
         w, s = wq()
         s = s.cpu()
-        bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
+        return bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
 
     def cpu_bad_scale_rows_after_cuda_init():
         torch.ones(1, device="cuda").sum().item()
         w, s = wq(on="cpu")
         s = s[:128]
-        bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
+        return bad(lambda: fp.permute_wq_b_(w, s, 4), w, s)
 
     def bad_perm():
         x = rand((64, 64))
         perm = torch.arange(64)
         perm[5] = 7  # 7 twice, 5 never
-        bad(lambda: fp.permute_(x, perm.to(device)), x)
+        return bad(lambda: fp.permute_(x, perm.to(device)), x)
 
     def schema_error():  # raised by torch's argument parsing, before our code runs
         w, s = wq()
-        bad(lambda: torch.ops.flashmla_perm.permute_wq_b_(w, s, "four"), w, s)
+        return bad(lambda: torch.ops.flashmla_perm.permute_wq_b_(w, s, "four"), w, s)
 
     def bad_wo_a_scale():
         w, s = rand((16, 512), torch.float8_e4m3fn), rand((16, 15))
-        bad(lambda: fp.permute_wo_a_(w, s), w, s)
+        return bad(lambda: fp.permute_wo_a_(w, s), w, s)
 
     return {"valid_first": valid, "bad_scale_rows_first": bad_scale_rows,
             "bad_scale_rows_after_valid": bad_scale_rows_after_valid, "bad_heads_first": bad_heads,
@@ -155,31 +156,51 @@ def build_preload(work):
 
 
 FRAME = re.compile(r"^(\S+?)\(([^)+]*)\+(0x[0-9a-f]+)\)\s*\[(0x[0-9a-f]+)\]$")
+TOOL_TIMEOUT_S = 10
+
+
+def tool_lines(argv, inputs=()):
+    """A binutils tool's output lines, or [] if it fails or takes too long."""
+    try:
+        done = subprocess.run([*argv, *inputs], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return done.stdout.split("\n") if done.returncode == 0 else []
 
 
 def native_stack(stderr):
-    """segv_backtrace's frames from a child's stderr, each resolved to
-    function (file:line) by addr2line where the frame gives an offset in its object."""
-    m = re.search(r"segv_backtrace: native stack at signal (\w+)\n(.*?)segv_backtrace: end", stderr, re.S)
+    """segv_backtrace's frames from a child's stderr (those written before
+    the end marker, or before the process died in the handler), resolved to
+    function (file:line) by one addr2line call per object where a frame
+    gives an offset in its object, demangled where it gives a symbol."""
+    m = re.search(r"segv_backtrace: native stack at signal (\w+)\n(.*?)(?:segv_backtrace: end|\Z)", stderr, re.S)
     if not m:
         return None
+    parsed = [(line.strip(), FRAME.match(line.strip())) for line in m.group(2).strip().splitlines()]
+    by_object = {}  # object -> offsets to resolve
+    for _, f in parsed:
+        if f and not f.group(2) and os.path.exists(f.group(1)):
+            by_object.setdefault(f.group(1), []).append(f.group(3))
+    resolved = {}
     addr2line = shutil.which("addr2line")
+    for obj, offsets in by_object.items():
+        lines = tool_lines([addr2line, "-f", "-C", "-e", obj], offsets) if addr2line else []
+        for i, off in enumerate(offsets):
+            fn, where = (lines[2 * i], lines[2 * i + 1]) if 2 * i + 1 < len(lines) else ("??", "??")
+            if fn != "??":
+                resolved[(obj, off)] = fn + ("" if where.startswith("??") else f" ({where})")
+    symbols = [f.group(2) for _, f in parsed if f and f.group(2)]
+    demangled = dict(zip(symbols, tool_lines(["c++filt"], symbols))) if symbols and shutil.which("c++filt") else {}
     frames = []
-    for line in m.group(2).strip().splitlines():
-        f = FRAME.match(line.strip())
+    for line, f in parsed:
         if not f:
-            frames.append(line.strip())
+            frames.append(line)
             continue
-        obj, sym, off, addr = f.groups()
-        where = sym or ""
-        if not sym and addr2line and os.path.exists(obj):
-            got = subprocess.run([addr2line, "-f", "-C", "-e", obj, off], capture_output=True, text=True)
-            lines = got.stdout.split("\n")
-            if got.returncode == 0 and lines[0] and lines[0] != "??":
-                where = f"{lines[0]} ({lines[1]})" if len(lines) > 1 and not lines[1].startswith("??") else lines[0]
-        elif sym and shutil.which("c++filt"):
-            where = subprocess.run(["c++filt", sym], capture_output=True, text=True).stdout.strip() or sym
-        frames.append(f"{os.path.basename(obj)}+{off} {where}".rstrip())
+        obj, sym, off, _ = f.groups()
+        if sym:  # the offset is from the symbol
+            frames.append(f"{os.path.basename(obj)} {demangled.get(sym) or sym}+{off}")
+        else:
+            frames.append(f"{os.path.basename(obj)}+{off} {resolved.get((obj, off), '')}".rstrip())
     return {"signal": m.group(1), "frames": frames}
 
 
@@ -207,6 +228,8 @@ def ended(argv, preload):
 
 def judge(name, expected, rc, out, err, stack):
     record = {"case": name, "rc": rc}
+    if "CASE_OUTCOME " in out:  # what the case raised, even if the process died after it
+        record.update(json.loads(out.split("CASE_OUTCOME ", 1)[1].splitlines()[0]))
     if rc != 0 or "CASE_OUTCOME " not in out:
         record["ok"] = False
         record["how"] = (f"died of {stack['signal']}" if stack else
@@ -215,30 +238,30 @@ def judge(name, expected, rc, out, err, stack):
         if stack:
             record["native_stack"] = stack["frames"]
         return record
-    outcome = json.loads(out.split("CASE_OUTCOME ", 1)[1].splitlines()[0])
-    record.update(outcome)
     if expected is None:
-        record["ok"] = outcome["raised"] is None
+        record["ok"] = record["raised"] is None
     else:
         kinds, pattern = expected
-        record["ok"] = bool(outcome["raised"] and re.fullmatch(kinds, outcome["raised"])
-                            and re.search(pattern, outcome["message"]))
+        record["ok"] = bool(record["raised"] and re.fullmatch(kinds, record["raised"])
+                            and re.search(pattern, record["message"]))
         record["expected"] = f"{kinds}: {pattern}"
     return record
 
 
-def probe(device, preload):
+def probe(device, preload, on_record):
+    """Every case for `device`, all at once (one wave of process starts);
+    on_record(record) as each ends, so that a step cut short keeps those."""
     wanted = [name for name, (cuda_only, _) in CASES.items() if device == "cuda" or not cuda_only]
-    records = {}
-    workers = max(1, min(8, (os.cpu_count() or 2)))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    records = []
+    with concurrent.futures.ThreadPoolExecutor(len(wanted)) as pool:
         futures = {pool.submit(ended, [sys.executable, os.path.abspath(__file__), "--case", name, "--device", device],
                                preload): name for name in wanted}
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             rc, seconds, out, err, stack = future.result()
-            records[name] = dict(judge(name, CASES[name][1], rc, out, err, stack), seconds=seconds)
-    return [records[name] for name in wanted]
+            records.append(dict(judge(name, CASES[name][1], rc, out, err, stack), seconds=seconds))
+            on_record(records[-1], records)
+    return sorted(records, key=lambda r: wanted.index(r["case"]))
 
 
 def rerun_test(node, preload):
@@ -270,18 +293,25 @@ def main():
         if args.pytest:
             return rerun_test(args.pytest, preload)
         device = args.device or ("cuda" if cuda_available() else "cpu")
-        records = probe(device, preload)
-    for r in records:
-        said = r.get("how") or (f"raised {r['raised']}: {r['message']}" if r["raised"] else r["message"] or "ok")
-        print(f"  {'OK   ' if r['ok'] else 'WRONG'} {r['case']:<36} {said[:110]}  ({r['seconds']} s)")
-        for frame in r.get("native_stack", [])[:30]:
-            print(f"        {frame}")
+
+        def save(records):
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"device": device, "native_stacks": preload is not None, "cases": records}, f, indent=2)
+
+        def on_record(r, so_far):
+            said = r.get("how") or (f"raised {r['raised']}: {r['message']}" if r.get("raised") else r.get("message")
+                                    or "ok")
+            print(f"  {'OK   ' if r['ok'] else 'WRONG'} {r['case']:<36} {said[:110]}  ({r['seconds']} s)", flush=True)
+            for frame in r.get("native_stack", [])[:30]:
+                print(f"        {frame}", flush=True)
+            save(so_far)
+
+        records = probe(device, preload, on_record)
+        save(records)
     bad = [r["case"] for r in records if not r["ok"]]
     print(f"crash probe on {device}: {len(records) - len(bad)}/{len(records)} as expected"
           + (f"; not: {', '.join(bad)}" if bad else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "native_stacks": preload is not None, "cases": records}, f, indent=2)
     return 1 if bad else 0
 
 

@@ -683,7 +683,8 @@ def figures(cfg, name):
         doc = load_json(cfg.path("probe.json")) or {}
         cases = doc.get("cases", [])
         return {"cases": len(cases), "as_expected": sum(1 for c in cases if c.get("ok")),
-                "not": {c["case"]: c.get("how") or f"raised {c.get('raised')}: {c.get('message', '')}"
+                "not": {c["case"]: c.get("how") or (f"raised {c['raised']}: {c.get('message', '')}" if c.get("raised")
+                                                     else c.get("message", ""))
                         for c in cases if not c.get("ok")}} if cases else {}
     return {}
 

@@ -468,6 +468,7 @@ class Tile:
     stage: float  # SM cycles issuing the loads (its whole share of the SM)
     store: float  # SM cycles issuing the stores, bank replays included
     bank: float   # of which bank-conflict replays
+    inline: bool = False  # under two stages, runs whole in its store half (cta_program)
 
 
 def tile_bytes(job, cycles):
@@ -508,8 +509,10 @@ def sm_cycles(instructions_per_item, items, fig):
     return items / 32 * instructions_per_item / (fig["schedulers"] * fig["ipc"])
 
 
-def job_tiles(job, case, j, loops, fig):
-    """The job's tiles with their SM cost."""
+def job_tiles(job, case, j, loops, fig, stages=1):
+    """The job's tiles with their SM cost. Under two stages a staged tile
+    that gathers from its buffer (the scales) runs whole in its store half
+    (csrc/tile_bodies.h col_staged_half): inline."""
     chunk = case.chunks[j] if j < len(case.chunks) else 0
     per_item = {}
     for key in job_loops(job, chunk):
@@ -526,13 +529,14 @@ def job_tiles(job, case, j, loops, fig):
     if job["kind"] == "cols_staged" and offsets is not None and not job.get("gathered_stage"):
         ideal, actual = gather_wavefronts(offsets, chunk, vec, case.row_bytes[j])
     write = vec / fig["smem_wavefront_bytes"]
+    inline = stages > 1 and job["kind"] == "cols_staged" and not job.get("gathered_stage")
     out = []
     for b in tile_bytes(job, case.cycles):
         items = b / vec
         stage = max(sm_cycles(per_item.get("stage", 0), items, fig), items * write) if "stage" in per_item else 0.0
         issue = sm_cycles(per_item["store"], items, fig)
         store, store_ideal = max(issue, items * (actual + write)), max(issue, items * (ideal + write))
-        out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal))
+        out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal, inline))
     return out
 
 
@@ -541,7 +545,7 @@ def launch_tiles(launch, case, loops, fig):
     out = []
     for j, job in enumerate(launch["jobs"]):
         if job["tiles"]:
-            out += job_tiles(job, case, j, loops, fig)
+            out += job_tiles(job, case, j, loops, fig, launch.get("stages", 1))
     return out
 
 
@@ -557,17 +561,28 @@ def balanced(tiles, grid):
 
 # --------------------------------------------------------------------------- the simulation
 
-def cta_program(tiles, stages):
+def cta_program(tiles, stages, inline=None):
     """The order a CTA issues its tiles' loops in, with `stages` tile buffers:
     ("stage", k) issues tile k's loads, ("wait", k) waits for them to land,
-    ("store", k) issues its stores, after which its buffer takes tile k +
-    stages. One stage: stage 0, wait 0, store 0, stage 1, ...; two: stage 0,
-    stage 1, wait 0, store 0, stage 2, wait 1, ..."""
-    prog = [("stage", k) for k in range(min(stages, tiles))]
+    ("store", k) issues its stores. One stage: stage 0, wait 0, store 0,
+    stage 1, ...; two (two_stage_loop): stage 0, stage 1, wait 0, store 0,
+    stage 2, wait 1, ... An inline tile (inline[k]: its loads issued in its
+    store half, csrc/tile_bodies.h col_staged_half) is not staged ahead: at
+    its turn it stages, waits for its own loads and for the next tile's
+    already in flight (cp.async.wait_all), then stores."""
+    inline = inline or [False] * tiles
+    if stages == 1:
+        return [op for k in range(tiles) for op in (("stage", k), ("wait", k), ("store", k))]
+    prog = [] if not tiles or inline[0] else [("stage", 0)]
     for k in range(tiles):
-        prog += [("wait", k), ("store", k)]
-        if k + stages < tiles:
-            prog.append(("stage", k + stages))
+        ahead = k + 1 < tiles and not inline[k + 1]
+        if ahead:
+            prog.append(("stage", k + 1))
+        if inline[k]:
+            prog += [("stage", k), ("wait", k)] + ([("wait", k + 1)] if ahead else [])
+        else:
+            prog.append(("wait", k))
+        prog.append(("store", k))
     return prog
 
 
@@ -619,8 +634,15 @@ class SharedPipe:
         return self.t + max(self.queue[0][0] - self.v, 0.0) * len(self.queue) / self.bw
 
     def done(self, now):
+        """The transfers done by `now`, which is next_done()'s time: the
+        front one always (rounding may leave it a hair short, and waiting
+        for that hair would schedule the same instant forever)."""
         self.advance(now)
         out = []
+        if self.queue:
+            finish, _, who = heapq.heappop(self.queue)
+            self.v = max(self.v, finish)
+            out.append(who)
         while self.queue and self.queue[0][0] <= self.v * (1 + 1e-12) + 1e-6:
             out.append(heapq.heappop(self.queue)[2])
         return out
@@ -646,7 +668,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     for t, tile in enumerate(tiles):
         work[t % grid].append(tile)
     n = len(work)
-    prog = [cta_program(len(w), fig.get("stages", 1)) for w in work]
+    prog = [cta_program(len(w), fig.get("stages", 1), [t.inline for t in w]) for w in work]
     pc = [0] * n             # the op each CTA is at
     left = [0.0] * n         # SM cycles left in the current issue op
     served = [{} for _ in range(n)]     # tile -> when the pipe finished its loads

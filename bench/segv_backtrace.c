@@ -26,12 +26,19 @@ static void on_fatal(int sig) {
 __attribute__((constructor)) static void install(void) {
   void* warm[1];
   backtrace(warm, 1);  // loads libgcc_s now, not inside the handler
+  // A stack of its own, so that a stack overflow still gets its frames written.
+  static char alt[1 << 16];
+  stack_t ss;
+  memset(&ss, 0, sizeof ss);
+  ss.ss_sp = alt;
+  ss.ss_size = sizeof alt;
+  sigaltstack(&ss, 0);
   const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
   for (unsigned i = 0; i < sizeof sigs / sizeof sigs[0]; ++i) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal;
-    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER | SA_ONSTACK;
     sigaction(sigs[i], &sa, 0);
   }
 }

@@ -109,11 +109,12 @@ void set_two_stages(Launch& l, const DeviceSpec& dev) {
       p.tile_rows = staged_tile_rows(p.rows, p.buf_pitch, tile_budget(dev) / 2, dev);
       p.tiles = ceil_div(p.rows, p.tile_rows);
       set_col_items(p);
-      l.inflight_bytes[j] = l.max_tile_bytes[j] = p.tile_rows * p.row_bytes;
+      l.max_tile_bytes[j] = p.tile_rows * p.row_bytes;
       buf = std::max(buf, round_up(p.tile_rows * p.buf_pitch, 16));
     } else {
       buf = std::max(buf, round_up(p.tile_rows * p.slice_bytes, 16));
     }
+    l.inflight_bytes[j] = 2 * l.max_tile_bytes[j];  // the next tile's loads while this one's land
   }
   for (int j = 0; j < l.num_jobs; ++j) l.cols[j].stage_bytes = buf;
   l.smem_bytes = 2 * buf;

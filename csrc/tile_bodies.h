@@ -454,8 +454,8 @@ struct ColJob {
   int64_t slice_bytes;           // direct: destination bytes of each row of one tile
   int64_t row_tiles;             // direct: tiles across a row
   FastDiv row_tiles_div;         // direct: by row_tiles (set_col_items; a direct job has under 2^31 tiles)
-  int64_t stage_bytes;           // direct, two stages (two_stage_loop): bytes from one tile buffer to
-                                 // the other; 0: one stage
+  int64_t stage_bytes;           // two stages (two_stage_loop; set_two_stages): bytes from one tile
+                                 // buffer to the other; 0: one stage
   int64_t tiles;
   int vec;                       // vector width V
   // Parallel tiles split item i into (row, vector) with one FastDiv, set up
@@ -575,7 +575,9 @@ FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, const Gath
   ctx.sync();  // the next tile reuses the buffer
 }
 
-// A staged tile's rows, as the gathered slice of its whole rows.
+// A staged tile's rows, as the gathered slice of its whole rows. Only tiles
+// of whole runs gather in their stage loop (gathers_in_stage), and those
+// divide by a row's vectors, the same for the last tile: items_div[0].
 template <int V>
 FLASHMLA_PERM_BODY GatheredSlice staged_slice(const ColJob& p, int64_t tile) {
   const int64_t r0 = tile * p.tile_rows;
@@ -743,10 +745,11 @@ FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile,
 // stage leaves it idle while it stores; the first device run put that
 // round trip, exposed once a tile, at the head of what the kernels lose).
 // half(t, b, store) issues tile t's stage loop into buffer b (store false)
-// or its store loop from b (store true). Out of place only: a tile that is
-// a slice of a row gathers from the whole source row, which in place a
-// sibling tile could already have written (in-place jobs are staged, and
-// set_two_stages takes direct jobs only).
+// or its store loop from b (store true). A tile's loads may fly while
+// another tile stores only where no tile reads what another writes: direct
+// tiles are out of place (a slice of a row gathers from the whole source
+// row, which in place a sibling tile could already have written), staged
+// ones read and write only their own whole rows (col_staged_half).
 template <class Ctx, class Half>
 FLASHMLA_PERM_BODY void two_stage_loop(Ctx& ctx, int64_t first, int64_t step, int64_t total, uint8_t* buf,
                                        int64_t buf_bytes, Half half) {

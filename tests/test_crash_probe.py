@@ -46,3 +46,8 @@ def test_a_case_is_judged_by_what_it_raised(expected, raised, message, ok):
 def test_a_case_that_exits_without_saying_how_it_ended_is_not_ok():
     record = crash_probe.judge("c", None, 1, "", "Traceback ...\nImportError: no torch", None)
     assert not record["ok"] and record["how"] == "exit 1" and record["stderr_tail"][-1] == "ImportError: no torch"
+
+
+def test_what_a_case_raised_is_kept_when_its_process_dies_after():
+    record = crash_probe.judge("c", ("ValueError", "x"), -11, outcome("ValueError", "x"), "", None)
+    assert not record["ok"] and record["how"] == "killed by signal 11" and record["raised"] == "ValueError"

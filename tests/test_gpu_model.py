@@ -190,6 +190,12 @@ def test_cta_program_orders_a_second_stage_ahead_of_the_stores():
     assert m.cta_program(3, 2) == [("stage", 0), ("stage", 1), ("wait", 0), ("store", 0), ("stage", 2),
                                    ("wait", 1), ("store", 1), ("wait", 2), ("store", 2)]
     assert m.cta_program(1, 2) == [("stage", 0), ("wait", 0), ("store", 0)]
+    # Tile 1 inline (a two-stage staged tile that gathers from its buffer,
+    # csrc/tile_bodies.h col_staged_half): not staged ahead; at its turn it
+    # stages, waits for its loads and tile 2's (cp.async.wait_all), stores.
+    assert m.cta_program(4, 2, [False, True, False, False]) == [
+        ("stage", 0), ("wait", 0), ("store", 0), ("stage", 2), ("stage", 1), ("wait", 1), ("wait", 2), ("store", 1),
+        ("stage", 3), ("wait", 2), ("store", 2), ("wait", 3), ("store", 3)]
 
 
 def test_a_second_stage_hides_the_round_trip_of_every_tile_but_the_first():
