@@ -571,9 +571,15 @@ def cta_program(tiles, stages, inline=None):
     its turn it stages, waits for its own loads and for the next tile's
     already in flight (cp.async.wait_all), then stores."""
     inline = inline or [False] * tiles
-    if stages == 1:
-        return [op for k in range(tiles) for op in (("stage", k), ("wait", k), ("store", k))]
-    prog = [] if not tiles or inline[0] else [("stage", 0)]
+    if not any(inline):  # `stages` buffers: tile k + stages is staged once tile k has stored
+        prog = [("stage", k) for k in range(min(stages, tiles))]
+        for k in range(tiles):
+            prog += [("wait", k), ("store", k)]
+            if k + stages < tiles:
+                prog.append(("stage", k + stages))
+        return prog
+    assert stages == 2, "inline tiles come only from two_stage_loop"
+    prog = [] if inline[0] else [("stage", 0)]
     for k in range(tiles):
         ahead = k + 1 < tiles and not inline[k + 1]
         if ahead:
