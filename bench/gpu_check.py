@@ -12,7 +12,7 @@ one budget, the figures most wanted first:
   sweep      the benchmark's wq_b and wo_a at TP1 again under each of SWEEP (launch
              plans other than the default, through the executor's environment:
              at most n CTAs a SM, smaller tiles, two buffers for staged column
-             tiles), the copy beside the native op in each process; time against
+             tiles and for row tiles), the copy beside the native op in each process; time against
              bytes in flight and tile size tells the latency a tile sees from the
              issue rate, and which plan is fastest ($OUT/sweep.json)
   probe      bench/crash_probe.py: error paths, each the first op of its own
@@ -81,8 +81,8 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
-TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "sweep": 120, "probe": 40, "tests": 90, "runtime": 35,
-            "ptxas": 5, "ncu": 40, "memcheck": 40, "racecheck": 40, "model": 90}
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "sweep": 150, "probe": 40, "tests": 90, "runtime": 35,
+            "ptxas": 5, "ncu": 40, "memcheck": 50, "racecheck": 50, "model": 90}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -105,18 +105,30 @@ NCU_STALL_METRICS.update({"smsp__average_warp_latency_per_inst_issued.ratio": "c
                           "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct"})
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
-# The sweep's launch plans: (label, environment, kinds). Caps on CTAs a SM
-# (the kernels plan 5 or 6: ctas6 is the default plan, measured in the same
-# kind of process); tile budgets under the default 32 KiB (row and staged
-# column tiles); two tile buffers for staged column tiles (wo_a only: wq_b
-# runs the rows kernel), with the default and with half-size tiles.
+# The sweep's launch plans: (label, environment, kinds), the ones a new
+# default may come from first (a timeout keeps the plans that finished).
+# Caps on CTAs a SM (the kernels plan 5 or 6: ctas6 is the default plan,
+# measured in the same kind of process); two tile buffers for staged column
+# tiles (wo_a: the cols kernel) and for row tiles (wq_b: the rows kernel),
+# each buffer half the default budget, or half of 16 KiB; tile budgets
+# under the default 32 KiB (row and staged column tiles).
 SWEEP = (
-    *((f"ctas{n}", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": str(n)}, "wq_b,wo_a") for n in (1, 2, 3, 4, 6)),
+    ("ctas6", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "6"}, "wq_b,wo_a"),
+    ("row2", {"FLASHMLA_PERM_ROW_STAGES": "2"}, "wq_b"),
+    ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"}, "wo_a"),
+    *((f"ctas{n}", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": str(n)}, "wq_b,wo_a") for n in (4, 3, 2, 1)),
     ("tile16k", {"FLASHMLA_PERM_TILE_BUDGET": "16384"}, "wq_b,wo_a"),
     ("tile8k", {"FLASHMLA_PERM_TILE_BUDGET": "8192"}, "wq_b,wo_a"),
-    ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"}, "wo_a"),
+    ("row2_tile16k", {"FLASHMLA_PERM_ROW_STAGES": "2", "FLASHMLA_PERM_TILE_BUDGET": "16384"}, "wq_b"),
     ("col2_tile16k", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_TILE_BUDGET": "16384"}, "wo_a"),
 )
+
+# The memcheck and racecheck steps run their cases under each of these:
+# the default plan (whatever the caller's environment says: empty is
+# unset), and every in-place tile through two buffers (what the sweep's col2
+# and row2 plans time).
+SANITIZE_PLANS = (("default", {"FLASHMLA_PERM_COL_STAGES": "", "FLASHMLA_PERM_ROW_STAGES": ""}),
+                  ("two stages", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_ROW_STAGES": "2"}))
 
 
 class StepFailed(Exception):
@@ -450,16 +462,21 @@ def step_ncu(cfg, step):
 
 
 def sanitize(cfg, step, tool, env=None):
-    if cfg.dry:
-        step.say(f"dry: bench/sanitizer_case.py on the CPU instead of under compute-sanitizer --tool {tool}")
-        step.python("bench/sanitizer_case.py", "cpu")
-        return
-    if not cfg.sanitizer:
+    """The cases under the default plan, then again under the sweep's
+    two-stage plans (SANITIZE_PLANS): a plan the next default may come from
+    must be as clean."""
+    if not cfg.dry and not cfg.sanitizer:
         raise StepFailed("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-    # kns: a substring of the mangled kernel name (the namespace), so that
-    # torch's own kernels are neither checked nor slowed.
-    step.run([cfg.sanitizer, "--tool", tool, "--kernel-name", "kns=flashmla_perm", "--error-exitcode", "9",
-              "--print-limit", "20", cfg.py, "bench/sanitizer_case.py", "cuda"], env=env)
+    for label, plan_env in SANITIZE_PLANS:
+        step.say(f"plan: {label}")
+        if cfg.dry:
+            step.say(f"dry: bench/sanitizer_case.py on the CPU instead of under compute-sanitizer --tool {tool}")
+            step.python("bench/sanitizer_case.py", "cpu", env={**(env or {}), **plan_env})
+            continue
+        # kns: a substring of the mangled kernel name (the namespace), so that
+        # torch's own kernels are neither checked nor slowed.
+        step.run([cfg.sanitizer, "--tool", tool, "--kernel-name", "kns=flashmla_perm", "--error-exitcode", "9",
+                  "--print-limit", "20", cfg.py, "bench/sanitizer_case.py", "cuda"], env={**(env or {}), **plan_env})
 
 
 def step_memcheck(cfg, step):
@@ -530,7 +547,8 @@ def junit(path):
     return n
 
 
-def sanitizer_figures(text):
+def sanitizer_run_figures(text):
+    """One sanitizer process's figures (racecheck's summary over memcheck's)."""
     f = {}
     if m := re.search(r"ERROR SUMMARY: (\d+) error", text):
         f["errors"] = int(m.group(1))
@@ -540,6 +558,23 @@ def sanitizer_figures(text):
         f.update(device=m.group(1), cases_ok=int(m.group(2)), cases=int(m.group(3)))
     if m := re.search(r"calls served by each path: (\{.*\})", text):
         f["paths"] = m.group(1)
+    return f
+
+
+def sanitizer_figures(text):
+    """Each plan's figures (the log's "plan: LABEL" lines start them), and
+    their counts summed over the plans."""
+    parts = re.split(r"^plan: (.*)$", text, flags=re.M)
+    by_plan = {label: sanitizer_run_figures(body) for label, body in zip(parts[1::2], parts[2::2])}
+    if not by_plan:
+        return sanitizer_run_figures(text)
+    f = {"plans": len(by_plan), "by_plan": by_plan}
+    for one in by_plan.values():
+        for key in ("errors", "hazards", "warnings", "cases_ok", "cases"):
+            if key in one:
+                f[key] = f.get(key, 0) + one[key]
+        if "device" in one:
+            f["device"] = one["device"]
     return f
 
 
@@ -825,16 +860,22 @@ def short(name, f):
                            if v.get("stalls") else ""))
             for k, v in f.items() if v)
     if name == "sweep":
-        parts = []
+        parts, best = [], {}
         for label, plan in f.get("plans", {}).items():
-            x = [f"{k.split()[0]} {v['x_copy_device']:.2f}x" for k, v in plan["rows"].items() if k.endswith(" native")]
-            parts.append(f"{label}: " + ", ".join(x))
-        return "plans, native x copy: " + "; ".join(parts)
+            native = {k.split()[0]: v for k, v in plan["rows"].items() if k.endswith(" native")}
+            parts.append(f"{label}: " + ", ".join(f"{kind} {v['x_copy_device']:.2f}x" for kind, v in native.items()))
+            for kind, v in native.items():
+                if kind not in best or v["x_copy_device"] < best[kind][1]:
+                    best[kind] = (label, v["x_copy_device"])
+        fastest = ", ".join(f"{kind} {label} ({x:.2f}x)" for kind, (label, x) in best.items())
+        return f"fastest (native time x the copy's): {fastest}; plans: " + "; ".join(parts)
     if name == "probe":
         return (f"error paths, a process each: {f['as_expected']}/{f['cases']} as expected"
                 + "".join(f"; {case}: {how}" for case, how in f["not"].items()))
     if name in ("memcheck", "racecheck"):
         s = f"cases {f.get('cases_ok', '?')}/{f.get('cases', '?')} on {f.get('device', '?')}"
+        if "plans" in f:
+            s += f" over {f['plans']} plans"
         if "hazards" in f:
             s += f", {f['hazards']} hazards ({f['errors']} errors)"
         elif "errors" in f:

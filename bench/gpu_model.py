@@ -84,23 +84,27 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # the two-stage copies since), direct 39 + 35 and 13504 in the kernel; before
 # the staged kernel had its two-stage copy (FLASHMLA_PERM_COL_STAGES; its
 # loops averaged the same way since), staged 37.5 + 34.4 (gathered), 39 + 121
-# (from the buffer) and 14216 in the kernel.
+# (from the buffer) and 14216 in the kernel; before the rows kernel had its
+# two-stage copy (FLASHMLA_PERM_ROW_STAGES; its V = 16 loops averaged the
+# same way since), rows 47 + 59.5 and 12520 in the kernel; the direct
+# kernel 40 + 32.8 and 15664 before its two-stage loop and the rows' shared
+# one dispatch (two_stage_tiles in csrc/cuda_executor.cu).
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = ("the CUDA build with two-stage staged column tiles built in (nvcc 13.0, sm_90; gathered slices, "
-              "FastDiv item splits in every loop, LDS in the rows store)")
+SASS_BUILD = ("the CUDA build with two-stage staged column and row tiles built in (nvcc 13.0, sm_90; gathered "
+              "slices, FastDiv item splits in every loop, LDS in the rows store)")
 # (instructions per item, 32-bit divisions per item) on that path.
 SASS_DEFAULTS = {
-    ("rows", "stage", 16, 0): (47.0, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
+    ("rows", "stage", 16, 0): (47.3, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
     ("rows", "stage", 8, 0): (47.0, 0.0), ("rows", "store", 8, 8): (59.5, 0.0),
     ("cols_staged", "gather_stage", 16, 0): (37.8, 0.0), ("cols_staged", "linear_store", 16, 16): (33.5, 0.0),
     ("cols_staged", "stage", 16, 0): (40.0, 0.0), ("cols_staged", "store", 16, 1): (121.5, 0.0),
     ("cols_staged", "stage", 4, 0): (37.5, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
-    ("cols_direct", "gather_stage", 16, 0): (40.0, 0.0), ("cols_direct", "linear_store", 16, 16): (32.8, 0.0),
+    ("cols_direct", "gather_stage", 16, 0): (36.7, 0.0), ("cols_direct", "linear_store", 16, 16): (31.8, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 12520, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15664}
+SASS_TOTALS = {"rows": 15552, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -165,6 +169,8 @@ def parse_args(argv=None):
     r.add_argument("--col-stages", type=int, choices=(1, 2), default=1,
                    help="tile buffers a CTA of staged column tiles cycles through, as FLASHMLA_PERM_COL_STAGES "
                         "plans them (the launches are re-planned: half-size tiles with 2)")
+    r.add_argument("--row-stages", type=int, choices=(1, 2), default=1,
+                   help="the same for row tiles of one pass, as FLASHMLA_PERM_ROW_STAGES plans them")
     r.add_argument("--tile-budget", type=int, default=0,
                    help="bytes a row or staged column tile buffers, as FLASHMLA_PERM_TILE_BUDGET plans them "
                         "(0: the kernels' 32 KiB)")
@@ -864,7 +870,8 @@ def device_dict(args, regs_per_thread):
     return {"sm_count": args.sms, "smem_per_sm": args.smem_per_sm_kib * KiB,
             "smem_reserved_per_cta": args.smem_reserved_per_cta, "threads_per_sm": args.threads_per_sm,
             "regs_per_sm": args.regs_per_sm, "max_ctas_per_sm": args.max_ctas or args.max_ctas_per_sm,
-            "regs_per_thread": regs_per_thread, "col_stages": args.col_stages, "tile_budget": args.tile_budget}
+            "regs_per_thread": regs_per_thread, "col_stages": args.col_stages, "row_stages": args.row_stages,
+            "tile_budget": args.tile_budget}
 
 
 # --------------------------------------------------------------------------- one case
@@ -1119,7 +1126,9 @@ def compare_measured(args, loops, regs, C):
 
 # The executor's environment (csrc/cuda_executor.cu) as this model's arguments.
 PLAN_ENV = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas", "FLASHMLA_PERM_COL_STAGES": "col_stages",
-            "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+            "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+# Each of those arguments unset: the default plan.
+PLAN_DEFAULTS = {"max_ctas": None, "col_stages": 1, "row_stages": 1, "tile_budget": 0}
 
 
 def sweep_points(path):
@@ -1145,7 +1154,7 @@ def sweep_predictions(args, loops, regs, C, points):
     try:
         for label, overrides, op, _ in points:
             for a in PLAN_ENV.values():
-                setattr(args, a, overrides.get(a, {"max_ctas": None, "col_stages": 1, "tile_budget": 0}[a]))
+                setattr(args, a, overrides.get(a, PLAN_DEFAULTS[a]))
             case = next(c for c in cases([op]) if c.tp == 1)
             launches = C.gpu_launches(op, case.dims, device_dict(args, regs[case.kernel]))
             out.append(predicted_time(case, launches, figures(args), loops))

@@ -89,9 +89,34 @@ struct HeadTiles {
   __device__ int64_t operator()(const RowJob& j) const { return j.head_tiles; }
 };
 
+// Jobs planned with two tile buffers (stage_bytes: launch.cpp set_two_stages
+// and set_row_two_stages) run the tiles of both through two_stage_loop;
+// half(job, tile, buf, store) is one of a tile's two loops, at V = 16 (the
+// launches plan two stages for no other width).
+template <class Job, class Half>
+__device__ __forceinline__ void two_stage_tiles(CudaCtx& ctx, const Jobs<Job>& p, uint8_t* smem, Half half) {
+  const int64_t split = p.job[0].tiles;
+  const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
+  two_stage_loop(ctx, blockIdx.x, gridDim.x, total, smem, p.job[0].stage_bytes,
+                 [&](int64_t t, uint8_t* buf, bool store) {
+                   if (t < split)
+                     half(p.job[0], t, buf, store);
+                   else
+                     half(p.job[1], t - split, buf, store);
+                 });
+}
+
+// Two stages where the device spec asks (FLASHMLA_PERM_ROW_STAGES).
 __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_rows(Jobs<RowJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
+  if (p.job[0].stage_bytes > 0) {
+    two_stage_tiles(ctx, p, reinterpret_cast<uint8_t*>(smem),
+                    [&](const RowJob& job, int64_t t, uint8_t* buf, bool store) {
+                      row_segment_half<16>(ctx, job, t, buf, store);
+                    });
+    return;
+  }
   for_each_tile(p, AllTiles{}, [&](const RowJob& job, int64_t tile) {
     with_vector_width(job.vec, [&](auto v) {
       row_segment_tile<decltype(v)::value>(ctx, job, tile, reinterpret_cast<uint8_t*>(smem));
@@ -125,16 +150,10 @@ __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
   if (p.job[0].stage_bytes > 0) {
-    const int64_t split = p.job[0].tiles;
-    const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
-    // V = 16: launch.cpp set_two_stages plans two stages for no other width.
-    two_stage_loop(ctx, blockIdx.x, gridDim.x, total, reinterpret_cast<uint8_t*>(smem), p.job[0].stage_bytes,
-                   [&](int64_t t, uint8_t* buf, bool store) {
-                     if (t < split)
-                       col_half<kStaged>(ctx, p.job[0], t, buf, store);
-                     else
-                       col_half<kStaged>(ctx, p.job[1], t - split, buf, store);
-                   });
+    two_stage_tiles(ctx, p, reinterpret_cast<uint8_t*>(smem),
+                    [&](const ColJob& job, int64_t t, uint8_t* buf, bool store) {
+                      col_half<kStaged>(ctx, job, t, buf, store);
+                    });
     return;
   }
   for_each_tile(p, AllTiles{}, [&](const ColJob& job, int64_t tile) {
@@ -175,6 +194,7 @@ void launch(const Launch& l, cudaStream_t stream) {
 // in flight, the same work: it tells the load latency a tile sees from the
 // issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers a CTA for staged
 // column tiles (the in-place wo_a and wv weights and their scales);
+// FLASHMLA_PERM_ROW_STAGES=2, the same for row tiles of one pass (wq_b);
 // FLASHMLA_PERM_TILE_BUDGET=bytes, smaller row and staged column tiles.
 static int env_whole_number(const char* name, int lowest, int highest, int unset) {
   const char* text = std::getenv(name);
@@ -206,6 +226,7 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor,
                                env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
   s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
+  s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
   s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
   auto regs_of = [](const void* kernel) {
     // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of

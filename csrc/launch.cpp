@@ -6,6 +6,9 @@ namespace flashmla_perm {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Row jobs with at least this many tiles keep one stage (FastDiv takes n < 2^31).
+constexpr int64_t kTwoStageMaxTiles = int64_t{1} << 31;
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // CPU tiling. Row tiles: one thread walks the chain straight from unit to
@@ -150,6 +153,12 @@ void set_row_slices(RowJob& p, int64_t slice_lines, int64_t slice_bytes) {
   p.per_line_div[1] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, last_bytes / p.vec)));
   p.lines_div[0] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, slice_lines)));
   p.lines_div[1] = FastDiv(static_cast<uint32_t>(std::max<int64_t>(1, last_lines)));
+  // A two-stage tile's place (set_row_two_stages plans them only for jobs
+  // of under 2^31 tiles, so a unit's tiles number under that too).
+  if (p.line_tiles * p.byte_tiles < kTwoStageMaxTiles) {
+    p.seg_div = FastDiv(static_cast<uint32_t>(p.line_tiles * p.byte_tiles));
+    p.byte_tiles_div = FastDiv(static_cast<uint32_t>(p.byte_tiles));
+  }
 }
 
 Lines lines_1d(int64_t count, int64_t pitch) {
@@ -179,6 +188,8 @@ int64_t Launch::job_tiles(int j) const {
 
 int Launch::vec(int j) const { return kernel == Kernel::kCols ? cols[j].vec : rows[j].vec; }
 
+int64_t Launch::stage_bytes() const { return kernel == Kernel::kCols ? cols[0].stage_bytes : rows[0].stage_bytes; }
+
 void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch) {
   for (Launch& l : launches)
     if (l.kernel != Kernel::kCols && job < l.num_jobs) l.rows[job].scratch = scratch;
@@ -195,9 +206,11 @@ int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_
   return std::max(n, 1);
 }
 
-std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
-                                     const int32_t* index, const DeviceSpec& dev) {
-  if (plan.num_segments == 0 || n == 0) return {};
+namespace {
+
+// The main row launch with tile buffers of `budget` bytes.
+Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32_t* index, int64_t budget,
+                  const DeviceSpec& dev) {
   const int64_t max_len = longest_segment(plan);
   Launch main;
   main.kernel = Kernel::kRows;
@@ -206,7 +219,6 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     const UnitView& v = views[j];
     // The whole segment in one pass where it fits: narrow the byte slices
     // first (whole 128-byte lines), then the lines.
-    const int64_t budget = tile_budget(dev);
     auto fits = [&](int64_t lines, int64_t bytes) { return max_len * lines * bytes <= budget; };
     int64_t lines = v.lines, bytes = v.line_bytes;
     if (!fits(lines, bytes))
@@ -232,12 +244,51 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     main.max_tile_bytes[j] = std::min(max_len, step + 1) * lines * bytes;
     main.inflight_bytes[j] = smem;
   }
+  return main;
+}
+
+// Two tile buffers of half the budget a CTA, where dev.row_stages asks
+// (FLASHMLA_PERM_ROW_STAGES=2, for the device check's sweep): the next
+// tile's loads in flight while this one stores (two_stage_loop), as
+// set_two_stages does for column tiles. Only where every tile of every job
+// is one pass (a pass's stores must follow its own loads), V = 16 (the
+// kernel's two-stage loop is compiled for no other width) and the tiles
+// number under 2^31 (their FastDivs, row_job).
+bool set_row_two_stages(Launch& main, const RowPlan& plan) {
+  const int64_t max_len = longest_segment(plan);
+  for (int j = 0; j < main.num_jobs; ++j) {
+    const RowJob& p = main.rows[j];
+    if (p.vec != 16 || p.step < max_len || p.tiles >= kTwoStageMaxTiles) return false;
+  }
+  const int64_t buf = round_up(main.smem_bytes, 16);
+  for (int j = 0; j < main.num_jobs; ++j) {
+    main.rows[j].stage_bytes = buf;
+    main.inflight_bytes[j] *= 2;  // the next tile's loads while this one's land
+  }
+  main.smem_bytes = 2 * buf;
+  main.stages = 2;
+  return true;
+}
+
+}  // namespace
+
+std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
+                                     const int32_t* index, const DeviceSpec& dev) {
+  if (plan.num_segments == 0 || n == 0) return {};
+  Launch main;
+  if (dev.row_stages >= 2) {
+    main = row_launch(views, n, plan, index, tile_budget(dev) / 2, dev);
+    if (!set_row_two_stages(main, plan)) main = Launch{};
+  }
+  if (main.stages == 1) main = row_launch(views, n, plan, index, tile_budget(dev), dev);
   finish(main, dev);
   if (plan.num_scratch == 0) return {main};
 
   Launch save = main;
   save.kernel = Kernel::kSaveHeads;
   save.smem_bytes = 0;
+  save.stages = 1;
+  for (int j = 0; j < n; ++j) save.rows[j].stage_bytes = 0;
   for (int j = 0; j < n; ++j) {
     const RowJob& p = main.rows[j];
     save.bytes[j] = main.scratch_bytes[j];

@@ -52,6 +52,7 @@ struct DeviceSpec {
   int max_ctas_per_sm = 32;
   int regs[3] = {96, 72, 80};  // per thread, by Kernel (kCols: the larger of its two)
   int col_stages = 1;  // tile buffers a CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
+  int row_stages = 1;  // the same for row tiles (set_row_two_stages)
   int64_t tile_budget = 0;  // bytes a row or staged column tile buffers; 0 (or over it): kGpuTileBudget
 };
 
@@ -119,11 +120,12 @@ struct Launch {
   int64_t tiles = 0;
   int threads = kGpuThreads;
   int64_t smem_bytes = 0;
-  int stages = 1;  // tile buffers a CTA cycles through (2: direct gathered tiles, two_stage_loop)
+  int stages = 1;  // tile buffers a CTA cycles through (2: two_stage_loop, the jobs' stage_bytes apart)
   int ctas_per_sm = 0;
   int64_t grid = 0;
   int64_t job_tiles(int j) const;
   int vec(int j) const;
+  int64_t stage_bytes() const;  // two stages: bytes from one tile buffer to the other
 };
 
 // A row job's slices: slice_lines x slice_bytes, the tile counts across a

@@ -31,6 +31,7 @@ DeviceSpec device_spec(const DeviceFields& device) {
   read_field(device, "regs_per_sm", &dev.regs_per_sm);
   read_field(device, "max_ctas_per_sm", &dev.max_ctas_per_sm);
   read_field(device, "col_stages", &dev.col_stages);
+  read_field(device, "row_stages", &dev.row_stages);
   read_field(device, "tile_budget", &dev.tile_budget);
   read_field(device, "regs_rows", &dev.regs[0]);
   read_field(device, "regs_save_heads", &dev.regs[1]);

@@ -266,11 +266,19 @@ struct RowJob {
   int64_t step;           // positions a parallel tile stores per pass (>= its segment: one pass)
   int64_t tiles;          // segments * line_tiles * byte_tiles
   int64_t head_tiles;     // tiles of the save pass: scratch segments * line_tiles * byte_tiles
+  int64_t stage_bytes;    // two stages (two_stage_loop; launch.cpp set_row_two_stages): bytes from
+                          // one tile buffer to the other; 0: one stage
   int vec;                // vector width V
   // A tile's vectors per line and lines, as divisors for its items' digits:
   // [0] for full slices, [1] for the last one (set_row_slices).
   FastDiv per_line_div[2];
   FastDiv lines_div[2];
+  // A tile's segment and line slice by a multiply and a shift, for two-stage
+  // launches (set_row_two_stages: under 2^31 tiles), whose tiles each work
+  // out their place twice (stage and store): by line_tiles * byte_tiles, and
+  // by byte_tiles.
+  FastDiv seg_div;
+  FastDiv byte_tiles_div;
 };
 
 // Tile buffer a row tile needs: the tail source plus up to `step` sources,
@@ -282,13 +290,25 @@ inline int64_t row_tile_buffer_bytes(int64_t slice_lines, int64_t slice_bytes, i
 }
 
 // Where one tile of a row job sits.
+// `fast`: by the job's FastDivs (two-stage launches only), else by 64-bit
+// divisions.
 struct RowTileGeometry {
   int64_t seg, line0, col, nl, width;
-  FLASHMLA_PERM_BODY RowTileGeometry(const RowJob& p, int64_t tile) {
+  FLASHMLA_PERM_BODY RowTileGeometry(const RowJob& p, int64_t tile, bool fast = false) {
     const int64_t per_seg = p.line_tiles * p.byte_tiles;
-    seg = tile / per_seg;
-    const int64_t rest = tile - seg * per_seg;
-    const int64_t lt = rest / p.byte_tiles;
+    int64_t rest, lt;
+    if (fast) {
+      const uint32_t t = static_cast<uint32_t>(tile);
+      const uint32_t q = p.seg_div.div(t);
+      const uint32_t r = t - q * static_cast<uint32_t>(per_seg);
+      seg = q;
+      rest = r;
+      lt = p.byte_tiles_div.div(r);
+    } else {
+      seg = tile / per_seg;
+      rest = tile - seg * per_seg;
+      lt = rest / p.byte_tiles;
+    }
     line0 = lt * p.slice_lines;
     col = (rest - lt * p.byte_tiles) * p.slice_bytes;
     nl = min_of(p.slice_lines, p.lines - line0);
@@ -321,18 +341,113 @@ FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t til
   }
 }
 
+// What a row tile works on: its geometry, its segment's positions, and
+// where its segment's last destination reads (tail < 0: its own first unit,
+// else scratch slot `tail`: scratch_src), cycles of `cycle` units (a packed segment:
+// several; else one, the whole segment).
+struct RowTile {
+  RowTileGeometry g;
+  const int32_t* pos;
+  int64_t len, tail, cycle;
+  uint8_t* base;  // the tile's byte slice of unit 0
+  const uint8_t* scratch_src;
+  FLASHMLA_PERM_BODY RowTile(const RowJob& p, int64_t tile, bool fast = false) : g(p, tile, fast) {
+    pos = p.order + p.first[g.seg];
+    len = p.first[g.seg + 1] - p.first[g.seg];
+    tail = g.seg < p.num_scratch ? p.tail[g.seg] : -1;
+    cycle = g.seg >= p.num_scratch && g.seg < p.num_scratch + p.num_packed ? p.tail[g.seg] : len;
+    base = p.data + g.col;
+    scratch_src = tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
+  }
+  FLASHMLA_PERM_BODY uint8_t* unit(const RowJob& p, int64_t u) const { return base + u * p.unit_stride; }
+};
+
+// Parallel contexts, one pass of a row tile: buffer 0 holds the group's own
+// first unit (whole cycles), buffer 1 + i the source of position k0 + i. A
+// pass stages the sources of up to `step` positions, then stores them;
+// reading k0+1..k0+step before writing k0..k0+step-1 never reads a byte this
+// tile already overwrote. A group is one cycle (any number of passes), or as
+// many whole cycles of a packed segment as one pass holds: there buffer j is
+// unit pos[j], and a cycle's last position reads its first, buffer
+// k + 1 - cycle. Item i of a loop is vector c of line l of buffer j:
+// i / per_line = j * nl + l.
+struct RowPass {
+  const int32_t* gp;  // the group's positions
+  uint32_t k0;        // the pass's first position in the group
+  uint32_t n;         // positions stored: k0 .. k0+n-1
+  uint32_t m;         // sources staged: k0+1 .. k0+m
+  uint32_t first;     // lowest buffer staged: 0 where the pass reads the group's first unit
+  uint32_t cyc;       // cycle length
+  uint64_t ends;      // bit k: position k is a cycle's last (segments are at most 64 units)
+};
+
+template <int V>
+struct RowItems {
+  uint32_t per_line, nl;
+  FastDiv by_line, by_lines;
+  int64_t width, buf_bytes;
+  FLASHMLA_PERM_BODY RowItems(const RowJob& p, const RowTile& t) {
+    width = t.g.width;
+    per_line = static_cast<uint32_t>(width / V);
+    nl = static_cast<uint32_t>(t.g.nl);
+    by_line = width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
+    by_lines = t.g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
+    buf_bytes = t.g.nl * width;
+  }
+  FLASHMLA_PERM_BODY uint32_t per_buf() const { return nl * per_line; }
+};
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps, uint8_t* buf) {
+  const RowItems<V> it(p, t);
+  stage_items<V>(ctx, (1 + ps.m - ps.first) * it.per_buf(), [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
+    const uint32_t line = it.by_line.div(i);
+    const uint32_t jj = it.by_lines.div(line);
+    const uint32_t j = ps.first + jj;
+    const uint32_t l = line - jj * it.nl;
+    const int64_t c = static_cast<int64_t>(i - line * it.per_line) * V;
+    b = buf + j * it.buf_bytes + l * it.width + c;
+    s = t.unit(p, ps.gp[j == 0 ? 0 : ps.k0 + j]) + p.line_at.offset(t.g.line0 + l) + c;
+  });
+}
+
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void row_pass_store(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps,
+                                       const uint8_t* buf) {
+  const RowItems<V> it(p, t);
+  const int64_t sbytes = p.line_bytes;
+  // A cycle's last position reads its first unit: buffer k + 1 - cycle
+  // (k0 is 0, or the group is one cycle and that is buffer 0).
+  store_items<V>(ctx, ps.n * it.per_buf(), [&](uint32_t i, uint8_t*& d) {
+    const uint32_t line = it.by_line.div(i);
+    const uint32_t ii = it.by_lines.div(line);
+    const uint32_t l = line - ii * it.nl;
+    const int64_t c = static_cast<int64_t>(i - line * it.per_line) * V;
+    const uint32_t k = ps.k0 + ii;
+    d = t.unit(p, ps.gp[k]) + p.line_at.offset(t.g.line0 + l) + c;
+    uint32_t from = 1 + ii;
+    if ((ps.ends >> k) & 1) {
+      if (t.tail >= 0) return load_vec<V>(t.scratch_src + l * sbytes + c);
+      from = k + 1 - ps.cyc;
+    }
+    return load_vec<V>(buf + from * it.buf_bytes + l * it.width + c);
+  });
+}
+
+// The positions that end a cycle, among a group's first glen.
+FLASHMLA_PERM_HOST_DEVICE uint64_t cycle_ends(uint32_t cyc, uint32_t glen) {
+  uint64_t ends = 0;
+  for (uint32_t e = cyc - 1; e < glen; e += cyc) ends |= uint64_t{1} << e;
+  return ends;
+}
+
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile, uint8_t* buf) {
-  const RowTileGeometry g(p, tile);
-  const int32_t* pos = p.order + p.first[g.seg];
-  const int64_t len = p.first[g.seg + 1] - p.first[g.seg];
-  const int64_t tail = g.seg < p.num_scratch ? p.tail[g.seg] : -1;  // -1: its own first unit
-  const int64_t cycle = g.seg >= p.num_scratch && g.seg < p.num_scratch + p.num_packed ? p.tail[g.seg] : len;
-  const int64_t width = g.width;
-  uint8_t* const base = p.data + g.col;
-  auto unit = [&](int64_t u) { return base + u * p.unit_stride; };
-  const uint8_t* scratch_src =
-      tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
+  const RowTile t(p, tile);
+  const RowTileGeometry& g = t.g;
+  const int32_t* pos = t.pos;
+  const int64_t len = t.len, tail = t.tail, cycle = t.cycle, width = g.width;
+  auto unit = [&](int64_t u) { return t.unit(p, u); };
 
   if constexpr (Ctx::kSerial) {
     // One thread, step 1, a cycle at a time: each unit goes straight from
@@ -347,72 +462,65 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
         copy_lines_serial(unit(c[cycle - 1]), at, buf, nullptr, l0, nl, width);
       } else {
         for (int64_t l = 0; l < nl; ++l)
-          std::memcpy(unit(c[cycle - 1]) + at->offset(l0 + l), scratch_src + l * p.line_bytes,
+          std::memcpy(unit(c[cycle - 1]) + at->offset(l0 + l), t.scratch_src + l * p.line_bytes,
                       static_cast<size_t>(width));
       }
     }
     return;
   } else {
-    // Buffer 0: the group's own first unit (whole cycles); buffer 1 + i:
-    // the source of position k0 + i. A pass stages the sources of up to
-    // `step` positions, then stores them; reading k0+1..k0+step before
-    // writing k0..k0+step-1 never reads a byte this tile already overwrote.
-    // A group is one cycle (any number of passes), or as many whole cycles
-    // of a packed segment as one pass holds: there buffer j is unit pos[j],
-    // and a cycle's last position reads its first, buffer k + 1 - cycle.
-    const uint32_t per_line = static_cast<uint32_t>(width / V);
-    const uint32_t per_buf = static_cast<uint32_t>(g.nl) * per_line;
-    const uint32_t nl = static_cast<uint32_t>(g.nl);
-    // Item i is vector c of line l of buffer j: i / per_line = j * nl + l.
-    const FastDiv by_line = width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
-    const FastDiv by_lines = g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
-    const int64_t buf_bytes = g.nl * width;
-    const int64_t sbytes = p.line_bytes;
-    // Positions in 32 bits (a segment is at most 64 units): fewer registers.
+    // Groups of passes (RowPass). Positions in 32 bits (a segment is at most
+    // 64 units): fewer registers.
     const uint32_t slen = static_cast<uint32_t>(len), cyc = static_cast<uint32_t>(cycle);
     const uint32_t step = static_cast<uint32_t>(p.step);
     const uint32_t group = cyc * (step >= cyc ? step / cyc : 1);
     for (uint32_t g0 = 0; g0 < slen; g0 += group) {
-      const int32_t* gp = pos + g0;
+      RowPass ps;
+      ps.gp = pos + g0;
+      ps.cyc = cyc;
       const uint32_t glen = min_of(group, slen - g0);
-      uint64_t ends = 0;  // bit k: position k is a cycle's last (segments are at most 64 units)
-      for (uint32_t e = cyc - 1; e < glen; e += cyc) ends |= uint64_t{1} << e;
+      ps.ends = cycle_ends(cyc, glen);
       for (uint32_t k0 = 0; k0 < glen; k0 += step) {
-        const uint32_t n = min_of(step, glen - k0);          // positions stored
-        const uint32_t m = min_of(step, glen - 1 - k0);      // sources staged: k0+1 .. k0+m
-        const uint32_t first = (k0 == 0 && tail < 0) ? 0 : 1;  // lowest buffer staged
-        stage_items<V>(ctx, (1 + m - first) * per_buf,
-                       [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-                         const uint32_t line = by_line.div(i);
-                         const uint32_t jj = by_lines.div(line);
-                         const uint32_t j = first + jj;
-                         const uint32_t l = line - jj * nl;
-                         const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
-                         b = buf + j * buf_bytes + l * width + c;
-                         s = unit(gp[j == 0 ? 0 : k0 + j]) + p.line_at.offset(g.line0 + l) + c;
-                       });
+        ps.k0 = k0;
+        ps.n = min_of(step, glen - k0);
+        ps.m = min_of(step, glen - 1 - k0);
+        ps.first = (k0 == 0 && tail < 0) ? 0 : 1;
+        row_pass_stage<V>(ctx, p, t, ps, buf);
         ctx.stage_wait();
         ctx.sync();
-        // A cycle's last position reads its first unit: buffer k + 1 - cycle
-        // (k0 is 0, or the group is one cycle and that is buffer 0).
-        store_items<V>(ctx, n * per_buf, [&](uint32_t i, uint8_t*& d) {
-          const uint32_t line = by_line.div(i);
-          const uint32_t ii = by_lines.div(line);
-          const uint32_t l = line - ii * nl;
-          const int64_t c = static_cast<int64_t>(i - line * per_line) * V;
-          const uint32_t k = k0 + ii;
-          d = unit(gp[k]) + p.line_at.offset(g.line0 + l) + c;
-          uint32_t from = 1 + ii;
-          if ((ends >> k) & 1) {
-            if (tail >= 0) return load_vec<V>(scratch_src + l * sbytes + c);
-            from = k + 1 - cyc;
-          }
-          return load_vec<V>(buf + from * buf_bytes + l * width + c);
-        });
+        row_pass_store<V>(ctx, p, t, ps, buf);
         ctx.sync();  // the next pass (or tile) reuses the buffers
       }
     }
   }
+}
+
+// Half of a row tile of one pass (a launch plans two stages only where every
+// tile is one pass: launch.cpp set_row_two_stages): its stage loop into
+// `buf`, or its store loop from it. In place too: tiles of different
+// segments touch disjoint units, and of one segment disjoint bytes, so the
+// next tile's loads may fly while this one stores.
+template <int V, class Ctx>
+FLASHMLA_PERM_BODY void row_segment_half(Ctx& ctx, const RowJob& p, int64_t tile, uint8_t* buf, bool store) {
+  const RowTile t(p, tile, true);
+  if (t.len > p.step) {  // set_row_two_stages plans no such tile: never leave bytes unwritten
+#if defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return;
+  }
+  const uint32_t slen = static_cast<uint32_t>(t.len);
+  RowPass ps;
+  ps.gp = t.pos;
+  ps.cyc = static_cast<uint32_t>(t.cycle);
+  ps.k0 = 0;
+  ps.n = slen;
+  ps.m = slen - 1;
+  ps.first = t.tail < 0 ? 0 : 1;
+  ps.ends = cycle_ends(ps.cyc, slen);
+  if (store)
+    row_pass_store<V>(ctx, p, t, ps, buf);
+  else
+    row_pass_stage<V>(ctx, p, t, ps, buf);
 }
 
 // ---------------------------------------------------------------------------

@@ -310,6 +310,7 @@ def test_the_sweep_plans_reach_the_launches():
     """The executor's environment as device fields (csrc/cuda_executor.cu):
     col_stages 2 gives staged jobs two buffers of half-size tiles, all of a
     launch's jobs or none (the packed wv scale, V = 4, keeps its launch at one);
+    row_stages 2 does the same for row tiles of one pass at V = 16 (wq_b);
     tile_budget bounds every row and staged column tile."""
     from flashmla_perm import _ops
     wo_a = [8192, 4096, 8]
@@ -320,6 +321,18 @@ def test_the_sweep_plans_reach_the_launches():
     assert two["jobs"][0]["tiles"] == 2 * one["jobs"][0]["tiles"]
     (wv,) = _ops._C.gpu_launches("wv_packed", [8, 1024, 4096, 8], {"col_stages": 2})
     assert wv["stages"] == 1 and [j["vec"] for j in wv["jobs"]] == [16, 4], wv
+    wq_b = [32768, 1280, 64]
+    for dims in (wq_b, [4096, 1280, 8]):
+        (one,) = _ops._C.gpu_launches("wq_b", dims, {})
+        (two,) = _ops._C.gpu_launches("wq_b", dims, {"row_stages": 2})
+        assert one["stages"] == 1 and two["stages"] == 2, (one, two)
+        assert two["smem_bytes"] <= 32768 and two["ctas_per_sm"] == one["ctas_per_sm"], (one, two)
+        assert two["jobs"][0]["max_tile_bytes"] <= 16384 < one["jobs"][0]["max_tile_bytes"], (one, two)
+        assert two["jobs"][0]["tiles"] > one["jobs"][0]["tiles"], (one, two)
+    # The packed wq_b scale moves in units of 16 rows of 4-byte words: V = 16
+    # too, so its launch takes two stages as well.
+    (packed,) = _ops._C.gpu_launches("wq_b_packed", [32768, 1280, 64, 32], {"row_stages": 2})
+    assert packed["stages"] == 2 and [j["vec"] for j in packed["jobs"]] == [16, 16], packed
     for op, dims in (("wq_b", [32768, 1280, 64]), ("wo_a", wo_a), ("wq_b_packed", [32768, 1280, 64, 32])):
         for budget in (8192, 16384):
             for launch in _ops._C.gpu_launches(op, dims, {"tile_budget": budget}):
@@ -343,6 +356,22 @@ def test_a_shared_pipe_serves_transfers_together_and_a_fifo_one_after_another():
             for who in pipe.done(t):
                 times[who] = t
         assert [times[w] for w in "abc"] == pytest.approx(done_at), kind
+
+
+def test_every_sweep_plan_is_known_to_the_model():
+    """The model reads a sweep plan's environment through PLAN_ENV and drops
+    what it does not know: a plan it cannot re-plan would be predicted as the
+    default and fitted as such."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    m = load_model()
+    plans = [(label, env) for label, env, _ in gpu_check.SWEEP] + list(gpu_check.SANITIZE_PLANS)
+    for label, env in plans:
+        assert set(env) <= set(m.PLAN_ENV), (label, env)
+    assert set(m.PLAN_DEFAULTS) == set(m.PLAN_ENV.values())
+    args = m.parse_args([])
+    assert {a: getattr(args, a) for a in m.PLAN_DEFAULTS} == m.PLAN_DEFAULTS
 
 
 @needs_native

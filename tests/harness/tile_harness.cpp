@@ -179,17 +179,19 @@ void run_launch(const fp::Launch& l, int concurrent) {
     });
   };
   // A CTA's tiles one after another, or, with two tile buffers (direct
-  // gathered tiles; staged ones where the device spec asks), through
-  // two_stage_loop, as the CUDA kernel does.
+  // gathered tiles; staged and row ones where the device spec asks), through
+  // two_stage_loop, as the CUDA kernels do.
   auto cta = [&](ThreadCtx& ctx, int64_t b, uint8_t* smem) {
     if (l.stages == 1) {
       for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, smem);
       return;
     }
-    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.cols[0].stage_bytes, [&](int64_t t, uint8_t* buf, bool store) {
-      const int j = t < split ? 0 : 1;  // V = 16, as in the kernel
+    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.stage_bytes(), [&](int64_t t, uint8_t* buf, bool store) {
+      const int j = t < split ? 0 : 1;  // V = 16, as in the kernels
       const int64_t tile = j == 0 ? t : t - split;
-      if (l.cols[j].staged)
+      if (l.kernel == fp::Kernel::kRows)
+        fp::row_segment_half<16>(ctx, l.rows[j], tile, buf, store);
+      else if (l.cols[j].staged)
         fp::col_staged_half<16>(ctx, l.cols[j], tile, buf, store);
       else
         fp::col_direct_half<16>(ctx, l.cols[j], tile, buf, store);
@@ -329,11 +331,12 @@ struct Rows {
 
 // A small device, so that a few tiles already make several waves: a CTA
 // runs several tiles (with two stages, through both buffers).
-fp::DeviceSpec small_device(int col_stages = 1) {
+fp::DeviceSpec small_device(int col_stages = 1, int row_stages = 1) {
   fp::DeviceSpec d;
   d.sm_count = 2;
   d.max_ctas_per_sm = 2;
   d.col_stages = col_stages;
+  d.row_stages = row_stages;
   return d;
 }
 
@@ -387,6 +390,32 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
   }
 }
 
+// Rows through two tile buffers a CTA (FLASHMLA_PERM_ROW_STAGES=2), as the
+// planner makes them (one pass a tile, V = 16) for a padded tensor of
+// 16-byte aligned rows; the save pass first where cycles are cut. With a
+// tile budget (0: the default), tiles may need several passes, and rows not
+// a multiple of 16 bytes take narrower vectors: the planner must refuse two
+// stages there and plan one. Returns whether the launch got two stages.
+bool check_rows_two_stages(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride, int threads,
+                           const std::string& name, int64_t pack_above = fp::kPackCyclesAbove,
+                           int64_t tile_budget = 0) {
+  Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, 16);
+  const std::vector<uint8_t> expected = t.rows_gathered(perm);
+  const fp::RowPlan plan = fp::make_row_plan(perm, fp::kMaxSegment, pack_above);
+  if (pack_above == 0 && plan.num_packed == 0) report(false, "rows two stages " + name + ": nothing packed");
+  const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
+  fp::DeviceSpec dev = small_device(1, 2);
+  dev.tile_budget = tile_budget;
+  std::vector<fp::Launch> launches = fp::gpu_row_launches(&view, 1, plan, plan.index.data(), dev);
+  for (auto& l : launches) l.threads = threads;
+  std::vector<std::vector<uint8_t>> scratch;
+  run_launches(launches, scratch, 3);
+  const bool two = !launches.empty() && launches.back().stages == 2;
+  report(t.buf == expected, "rows two stages " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
+                                std::to_string(row_bytes) + " threads=" + std::to_string(threads) +
+                                (two ? "" : " (planned one stage)"));
+  return two;
+}
 
 // Columns: in place or out of place, elements of `esize` bytes; in place
 // rows too wide for a tile buffer go through the row plan over column blocks.
@@ -846,6 +875,29 @@ void stress(const std::vector<int>& thread_counts) {
     check_cols(fp::o_fused_chunk_permutation(8, 512), 1, 90, 0, true, threads, "aligned o chunks 8x16", 16, 2);
     report(staged_two_stage_runs == 7, "staged two-stage launches planned: " + std::to_string(staged_two_stage_runs));
     staged_two_stage_runs = 0;
+    // Row tiles through two buffers (FLASHMLA_PERM_ROW_STAGES=2): whole
+    // cycles, packed short ones, cut ones (the save pass, scratch tails),
+    // units of several lines; every CTA of the small device runs several.
+    struct TwoStageRows { std::string name; std::vector<int64_t> perm; int64_t bytes, stride, pack_above = fp::kPackCyclesAbove; };
+    const std::vector<TwoStageRows> tr = {
+        {"q 8x64", fp::q_fused_permutation(8, 64), 48, 48},
+        {"q 64x512", fp::q_fused_permutation(64, 512), 32, 32},
+        {"short cycles, packed", short_cycles(900, 9), 64, 64, 0},
+        {"random", random_perm(777), 16, 16},
+        {"one cycle 1000", one_cycle(1000), 32, 48},
+        {"block cycle 70x4", block_cycle(70, 4), 208, 224},
+    };
+    int two_stage_rows = 0;
+    for (const auto& c : tr)
+      two_stage_rows += check_rows_two_stages(c.perm, c.bytes, c.stride, threads, c.name, c.pack_above);
+    report(two_stage_rows == static_cast<int>(tr.size()),
+           "row two-stage launches planned: " + std::to_string(two_stage_rows) + " of " + std::to_string(tr.size()));
+    // Refused, planned with one stage, right bytes: 40-byte rows (V = 8);
+    // 64-unit segments of 128-byte slices in 2 KiB buffers (several passes).
+    const bool narrow = check_rows_two_stages(fp::q_fused_permutation(8, 64), 40, 48, threads, "V = 8");
+    const bool passes = check_rows_two_stages(one_cycle(1000), 256, 256, threads, "several passes",
+                                              fp::kPackCyclesAbove, 4096);
+    report(!narrow && !passes, "row two stages refused where a tile is not one pass at V = 16");
     check_two_direct_jobs(threads);
     check_strided(threads, 40, serial);
     check_packed_words(threads, 10, serial);
@@ -873,14 +925,17 @@ void print_launch(const std::string& what, const fp::Launch& l) {
 struct Variant {
   int col_stages = 1;
   int64_t tile_budget = 0;
+  int row_stages = 1;
   fp::DeviceSpec spec() const {
     fp::DeviceSpec d;
     d.col_stages = col_stages;
     d.tile_budget = tile_budget;
+    d.row_stages = row_stages;
     return d;
   }
   std::string name() const {
-    return (col_stages > 1 ? " col_stages 2" : "") + (tile_budget ? " budget " + std::to_string(tile_budget) : "");
+    return std::string(col_stages > 1 ? " col_stages 2" : "") + (row_stages > 1 ? " row_stages 2" : "") +
+           (tile_budget ? " budget " + std::to_string(tile_budget) : "");
   }
 };
 
@@ -898,7 +953,8 @@ void model_wq_b(int tp, Variant variant = {}) {
   for (const auto& l : launches) print_launch(name, l);
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model " + name);
+  report(launches.size() == 1 && launches[0].stages == variant.row_stages && w.buf == ew && s.buf == es,
+         "model " + name);
 }
 
 void model_wo_a(int tp, Variant variant = {}) {
@@ -1003,10 +1059,11 @@ int main(int argc, char** argv) {
   if (model) {
     for (int tp : {1, 2, 4, 8}) model_wq_b(tp);
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
-    // The device check's sweep variants (FLASHMLA_PERM_COL_STAGES, FLASHMLA_PERM_TILE_BUDGET):
+    // The device check's sweep variants (FLASHMLA_PERM_COL_STAGES, _ROW_STAGES, _TILE_BUDGET):
     // every plan at TP8, and the two-stage wo_a at TP1 too (CTAs with three
     // tiles). TP1's small tiles only cost time here, under TSan in CI.
     for (int64_t budget : {8192, 16384}) model_wq_b(8, {1, budget});
+    for (int tp : {2, 8}) model_wq_b(tp, {1, 0, 2});  // TP2: CTAs with three tiles
     for (Variant v : {Variant{2, 0}, Variant{1, 8192}, Variant{1, 16384}, Variant{2, 16384}}) model_wo_a(8, v);
     model_wo_a(1, {2, 0});
     for (int tp : {1, 8}) model_wq_b_packed(tp);
