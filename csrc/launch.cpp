@@ -6,10 +6,10 @@ namespace flashmla_perm {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // Row jobs with at least this many tiles keep one stage (FastDiv takes n < 2^31).
 constexpr int64_t kTwoStageMaxTiles = int64_t{1} << 31;
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // CPU tiling. Row tiles: one thread walks the chain straight from unit to
 // unit and keeps only the first unit of a cycle in its buffer; slices cap
@@ -253,7 +253,7 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
 // set_two_stages does for column tiles. Only where every tile of every job
 // is one pass (a pass's stores must follow its own loads), V = 16 (the
 // kernel's two-stage loop is compiled for no other width) and the tiles
-// number under 2^31 (their FastDivs, row_job).
+// number under 2^31 (their places by FastDiv: set_row_slices).
 bool set_row_two_stages(Launch& main, const RowPlan& plan) {
   const int64_t max_len = longest_segment(plan);
   for (int j = 0; j < main.num_jobs; ++j) {
