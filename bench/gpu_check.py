@@ -30,7 +30,9 @@ one budget, the figures most wanted first:
              (bench/ncu_case.py): DRAM throughput as a fraction of peak,
              shared-memory bank conflicts, instructions issued per byte moved;
              in a second pass, the cycles a warp waits on each stall reason
-             per instruction issued
+             per instruction issued; in a third, the same stalls with the
+             duration and instructions under the kind's two-stage plan (row2,
+             col2: NCU_TWO_STAGE)
   memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
   racecheck  the same under racecheck
   model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
@@ -82,7 +84,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
 TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "sweep": 150, "probe": 40, "tests": 90, "runtime": 35,
-            "ptxas": 5, "ncu": 40, "memcheck": 50, "racecheck": 50, "model": 90}
+            "ptxas": 5, "ncu": 60, "memcheck": 50, "racecheck": 50, "model": 90}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -103,6 +105,14 @@ NCU_STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "lg_throttle", "
 NCU_STALL_METRICS = {f"smsp__average_warp_latency_issue_stalled_{r}.ratio": r for r in NCU_STALLS}
 NCU_STALL_METRICS.update({"smsp__average_warp_latency_per_inst_issued.ratio": "cycles_per_instruction",
                           "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct"})
+# A third pass a kind under the sweep's two-stage plan for its kernel (the
+# candidate new default), with its duration and instructions: whether the
+# second buffer moves the stalls (a tile's round trip: long scoreboard and
+# barrier) or leaves them where the one-stage pass finds them.
+NCU_TWO_STAGE = {"wq_b": ("row2", {"FLASHMLA_PERM_ROW_STAGES": "2"}),
+                 "wo_a": ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"})}
+NCU_PLAN_METRICS = {**NCU_STALL_METRICS, "gpu__time_duration.sum": "duration_ns",
+                    "smsp__inst_executed.sum": "instructions"}
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
 # The sweep's launch plans: (label, environment, kinds), the ones a new
@@ -439,9 +449,11 @@ def step_ncu(cfg, step):
     for kind in NCU_KINDS:
         case = ["bench/ncu_case.py", kind, "--device", "cpu" if cfg.dry else "cuda",
                 "--json", cfg.path(f"ncu_{kind}.json")]
+        plan, plan_env = NCU_TWO_STAGE[kind]
         if cfg.dry:
-            step.say(f"dry: bench/ncu_case.py {kind} on the CPU instead of under ncu")
+            step.say(f"dry: bench/ncu_case.py {kind} on the CPU instead of under ncu, then under {plan}")
             step.python(*case)
+            step.python(*case[:-1], cfg.path(f"ncu_{kind}_{plan}.json"), env=plan_env)
             continue
         report = cfg.path(f"ncu_{kind}")
         # --clock-control none: the card's clocks as the benchmark saw them
@@ -459,6 +471,14 @@ def step_ncu(cfg, step):
                      stdout=cfg.path(f"ncu_{kind}_stalls.csv"), check=False)
         else:
             step.say(f"NOTE the stall metrics' ncu pass failed for {kind}: the main figures stand")
+        planned = cfg.path(f"ncu_{kind}_stalls_{plan}")
+        if step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
+                     "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_PLAN_METRICS),
+                     "--export", planned, "--force-overwrite", cfg.py, *case], env=plan_env, check=False) == 0:
+            step.run([cfg.ncu, "--import", planned + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
+                     stdout=planned + ".csv", check=False)
+        else:
+            step.say(f"NOTE the {plan} ncu pass failed for {kind}: the default plan's figures stand")
 
 
 def sanitize(cfg, step, tool, env=None):
@@ -631,6 +651,9 @@ def ncu_kind_figures(csv_path, case):
     stalls = ncu_stall_figures(csv_path.replace(".csv", "_stalls.csv"))
     if stalls:
         f["stalls"] = stalls
+    plan = NCU_TWO_STAGE[case["kind"]][0] if case and case.get("kind") in NCU_TWO_STAGE else None
+    if plan and (planned := ncu_stall_figures(csv_path.replace(".csv", f"_stalls_{plan}.csv"))):
+        f[f"stalls_{plan}"] = planned
     return f
 
 
@@ -641,7 +664,7 @@ def ncu_stall_figures(csv_path):
     lines = [line for line in read_text(csv_path).splitlines() if line.startswith('"')]
     launches = {}
     for row in csv.DictReader(lines):
-        metric = NCU_STALL_METRICS.get(row.get("Metric Name", ""))
+        metric = NCU_PLAN_METRICS.get(row.get("Metric Name", ""))
         if metric:
             launches.setdefault(row["ID"], {})[metric] = number(row["Metric Value"])
     if not launches:
@@ -650,8 +673,18 @@ def ncu_stall_figures(csv_path):
     mean = {k: round(sum(launch.get(k, 0.0) for launch in launches.values()) / n, 2)
             for k in NCU_STALL_METRICS.values()}
     reasons = sorted(((mean[r], r) for r in NCU_STALLS if mean[r] > 0), reverse=True)
-    return {"cycles_per_instruction": mean["cycles_per_instruction"], "occupancy_pct": mean["occupancy_pct"],
-            "per_instruction": {r: v for v, r in reasons}}
+    f = {"cycles_per_instruction": mean["cycles_per_instruction"], "occupancy_pct": mean["occupancy_pct"],
+         "per_instruction": {r: v for v, r in reasons}}
+    # The plan pass also has its launches' duration and instructions, summed.
+    if all("duration_ns" in launch for launch in launches.values()):
+        f["duration_us"] = round(sum(launch["duration_ns"] for launch in launches.values()) / 1e3, 2)
+    if all("instructions" in launch for launch in launches.values()):
+        f["instructions"] = int(sum(launch["instructions"] for launch in launches.values()))
+    return f
+
+
+def ncu_top_stalls(stalls):
+    return ", ".join(f"{r} {c}" for r, c in list(stalls["per_instruction"].items())[:4])
 
 
 def ncu_figures(cfg):
@@ -659,7 +692,9 @@ def ncu_figures(cfg):
     for kind in NCU_KINDS:
         case = load_json(cfg.path(f"ncu_{kind}.json"))
         if cfg.dry:
-            f[kind] = {"dry": True, **case} if case else {}
+            plan = NCU_TWO_STAGE[kind][0]
+            planned = load_json(cfg.path(f"ncu_{kind}_{plan}.json"))
+            f[kind] = {"dry": True, **case, **({f"ok_{plan}": planned.get("ok")} if planned else {})} if case else {}
         elif os.path.exists(cfg.path(f"ncu_{kind}.csv")):
             f[kind] = ncu_kind_figures(cfg.path(f"ncu_{kind}.csv"), case)
     return f
@@ -852,12 +887,13 @@ def short(name, f):
         return s
     if name == "ncu":
         return "; ".join(
-            f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}" if v.get("dry") else
+            f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}"
+                        + "".join(f" {key}={x}" for key, x in v.items() if key.startswith("ok_")) if v.get("dry") else
                         v.get("error") or f"DRAM {v.get('dram_pct_of_peak')}% of peak, "
                         f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B"
-                        + ("; stalls a instr: " + ", ".join(f"{r} {c}" for r, c in
-                                                           list(v["stalls"]["per_instruction"].items())[:4])
-                           if v.get("stalls") else ""))
+                        + ("; stalls a instr: " + ncu_top_stalls(v["stalls"]) if v.get("stalls") else "")
+                        + "".join(f"; {key[7:]}: {p.get('duration_us')} us, stalls {ncu_top_stalls(p)}"
+                                  for key, p in v.items() if key.startswith("stalls_")))
             for k, v in f.items() if v)
     if name == "sweep":
         parts, best = [], {}
@@ -915,7 +951,9 @@ OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json
            "model_fit.json", "probe.json", "sweep.json", "sweep_model.json",
            *(f"sweep_{label}.json" for label, _, _ in SWEEP),
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep", "_stalls.csv",
-                                                             "_stalls.ncu-rep")))
+                                                             "_stalls.ncu-rep")),
+           *(f"ncu_{k}{ext}" for k, (plan, _) in NCU_TWO_STAGE.items()
+             for ext in (f"_{plan}.json", f"_stalls_{plan}.csv", f"_stalls_{plan}.ncu-rep")))
 
 
 def main():

@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# A mutant that makes a test loop (check-perm-range can: planning walks past
+# the perm's end) is killed by the test's time limit; the clean run's time
+# sets it, so a hang costs a minute or two, not the whole --timeout.
+HANG_FACTOR, HANG_FLOOR_S = 10, 60
 
 
 @dataclasses.dataclass
@@ -402,7 +406,9 @@ def main():
     ap.add_argument("--source", default=str(ROOT), help="tree to copy (default: this one)")
     ap.add_argument("--workdir", default="/tmp/flashmla_perm_mutants")
     ap.add_argument("--python", default=sys.executable, help="python with torch (default: this one)")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    ap.add_argument("--timeout", type=int, default=900,
+                    help="seconds per test run at most; with the baseline, a mutant's test gets "
+                         f"{HANG_FACTOR}x its clean run (at least {HANG_FLOOR_S}s), so a hang is called early")
     ap.add_argument("--no-baseline", action="store_true", help="skip the clean run of the tests")
     ap.add_argument("--all", action="store_true",
                     help="run every listed test of a mutant, not only up to the first that kills it")
@@ -454,6 +460,7 @@ def main():
             continue
         plans.append((m, None))
 
+    limit = {}  # test -> seconds a mutant's run of it may take
     if not args.no_baseline:
         tests = sorted({t for m, skip in plans if skip is None for t in m.tests})
         for t in tests:
@@ -462,6 +469,7 @@ def main():
             if not ok:
                 log(out)
                 sys.exit("== a listed test fails on the clean tree: fix that first")
+            limit[t] = min(args.timeout, max(HANG_FLOOR_S, int(HANG_FACTOR * secs)))
 
     rows, bad = [], 0
     for m, skip in plans:
@@ -487,9 +495,9 @@ def main():
             if status is None:
                 killers = []
                 for t in m.tests:
-                    ok, secs, out = run_test(t, tree, args.python, args.timeout)
+                    ok, secs, out = run_test(t, tree, args.python, limit.get(t, args.timeout))
                     if not ok:
-                        killers.append(t)
+                        killers.append(t + (f" (a hang: timed out after {secs:.0f}s)" if out.startswith("(timed out") else ""))
                         if args.verbose:
                             log(out)
                         if not args.all:

@@ -374,6 +374,44 @@ def test_every_sweep_plan_is_known_to_the_model():
     assert {a: getattr(args, a) for a in m.PLAN_DEFAULTS} == m.PLAN_DEFAULTS
 
 
+def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
+    """gpu_check's ncu step: the main pass summed over our launches, the
+    stall pass averaged, and the two-stage plan's pass (its own file, with
+    duration and instructions) kept apart from the default plan's."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    def report(name, launches):
+        rows = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+        for i, (kernel, metrics) in enumerate(launches):
+            rows += [f'"{i}","{kernel}","{m}","","{v}"' for m, v in metrics.items()]
+        path = tmp_path / name
+        path.write_text("==PROF== noise before the table\n" + "\n".join(rows) + "\n")
+        return str(path)
+
+    main = {"dram__throughput.avg.pct_of_peak_sustained_elapsed": 40, "dram__bytes_read.sum": 1000,
+            "dram__bytes_write.sum": 500, "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": 7,
+            "smsp__inst_executed.sum": "1,200", "gpu__time_duration.sum": 20000}
+    path = report("ncu_wq_b.csv", [("rows", main), ("rows", {**main, "gpu__time_duration.sum": 60000,
+                                                               "dram__throughput.avg.pct_of_peak_sustained_elapsed": 20})])
+    stall = "smsp__average_warp_latency_issue_stalled_{}.ratio".format
+    report("ncu_wq_b_stalls.csv", [("rows", {stall("long_scoreboard"): 3, stall("barrier"): 1})] * 2)
+    report("ncu_wq_b_stalls_row2.csv", [("rows", {stall("long_scoreboard"): 1, stall("barrier"): 2,
+                                                  "gpu__time_duration.sum": 15000, "smsp__inst_executed.sum": 900})])
+    f = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})
+    assert f["launches"] == 2 and f["instructions"] == 2400 and f["dram_bytes"] == 3000
+    assert f["duration_us"] == 80.0 and f["dram_pct_of_peak"] == 25.0  # weighted by duration
+    assert f["instructions_per_byte"] == 1.0
+    assert f["stalls"]["per_instruction"] == {"long_scoreboard": 3.0, "barrier": 1.0}
+    assert "duration_us" not in f["stalls"]
+    assert f["stalls_row2"]["per_instruction"] == {"barrier": 2.0, "long_scoreboard": 1.0}
+    assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["instructions"] == 900
+    assert "row2: 15.0 us, stalls barrier 2.0" in gpu_check.short("ncu", {"wq_b": f})
+    assert set(gpu_check.NCU_TWO_STAGE) == set(gpu_check.NCU_KINDS)
+    for _, env in gpu_check.NCU_TWO_STAGE.values():  # plans the sweep times too
+        assert env in [e for _, e, _ in gpu_check.SWEEP]
+
+
 @needs_native
 def test_sweep_round_trip(tmp_path):
     """A sweep.json made by the model itself, each plan under its own
