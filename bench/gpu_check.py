@@ -700,6 +700,18 @@ def ncu_figures(cfg):
     return f
 
 
+def scaling_figures(doc):
+    """Per op, from the model's --measured fit across TPs: the native's
+    bandwidth as a fraction of the copy's, and the smallest TP's gap to the
+    copy (us) from fixed costs and from bandwidth."""
+    if not isinstance(doc, dict) or not doc.get("scaling"):
+        return {}
+    return {"scaling": {s["op"]: {"bandwidth_ratio": round(s["bandwidth_ratio"], 3),
+                                  "gap_from_fixed_us": round(s["gap_from_fixed_us"], 2),
+                                  "gap_from_bandwidth_us": round(s["gap_from_bandwidth_us"], 2)}
+                        for s in doc["scaling"]}}
+
+
 def sweep_fit(doc):
     """The model's one fit across the sweep's plans (sweep_model.json), if any."""
     if not isinstance(doc, dict) or not doc.get("fitted"):
@@ -742,7 +754,7 @@ def figures(cfg, name):
                 "below_target": sum(1 for r in rows if r.get("meets_target") is False),
                 "min_predicted_fraction": round(min(fr), 3) if fr else None,
                 **({"fitted": fit["fitted"]} if isinstance(fit, dict) and fit.get("fitted") else {}),
-                **sweep_fit(load_json(cfg.path("sweep_model.json")))}
+                **scaling_figures(fit), **sweep_fit(load_json(cfg.path("sweep_model.json")))}
     if name == "ncu":
         return ncu_figures(cfg)
     if name in ("memcheck", "racecheck"):
@@ -881,6 +893,9 @@ def short(name, f):
     if name == "model":
         s = (f"{f['cases']} cases, {f['below_target']} below target, "
              f"min {f['min_predicted_fraction']} of a copy (predicted)")
+        if f.get("scaling"):
+            s += "; native bandwidth x the copy's (across TPs): " + ", ".join(
+                f"{op} {v['bandwidth_ratio']:.2f}" for op, v in f["scaling"].items())
         if "sweep_fitted" in f:
             s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "
                   f"ipc {f['sweep_fitted']['ipc']:.3g}, worst point x{f['sweep_worst_ratio']:.2f}")

@@ -11,7 +11,9 @@ op's time as a fraction of a device-to-device copy of the same bytes, with
 the time split by cause.
 
     python bench/gpu_model.py [--sass SO_OR_SASS] [--ptxas-log LOG] [--json PATH] [--check]
-    python bench/gpu_model.py --measured gpu_check.json   # predicted vs measured, and a fit
+    python bench/gpu_model.py --measured gpu_check.json   # predicted vs measured, and a fit; and,
+                                                          # without the model, each backend's fixed cost
+                                                          # and bandwidth across TPs
     python bench/gpu_model.py --sweep sweep.json          # the check's plans, one fit across them
 
 The model (docs/PERFORMANCE.md, "GPU performance model"):
@@ -1012,6 +1014,61 @@ def fit_copy(records, rows):
     return (fixed, 1 / inv_bw) if inv_bw > 0 else None
 
 
+def line_fit(xs, ys):
+    """y = a + b x by least squares: (a, b, the largest residual)."""
+    n, sx, sy = len(xs), sum(xs), sum(ys)
+    sxx, sxy = sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))
+    det = n * sxx - sx * sx
+    if n < 2 or det <= 0:
+        return None
+    b = (n * sxy - sx * sy) / det
+    a = (sy - b * sx) / n
+    return a, b, max(abs(a + b * x - y) for x, y in zip(xs, ys))
+
+
+def scaling_across_tp(records, rows):
+    """Without the model: per op, each backend's measured device times
+    across TPs as a fixed cost plus the bytes moved (read + write) over a
+    bandwidth, and the smallest TP's gap to the copy split into the two: a
+    kernel short of bandwidth falls further behind as the bytes grow, a
+    fixed cost (launch, first round trip, tail) does not. Ops with fewer
+    than three TPs are left out."""
+    out = []
+    for op in sorted({r["op"] for r in records}):
+        fits = {}
+        for backend in ("copy", "native"):
+            pts = [(2 * r["bytes"], rows[(op, r["tp"], backend)]["device_ms_per_layer"] * 1e-3)
+                   for r in records if r["op"] == op and (op, r["tp"], backend) in rows]
+            fit = line_fit([p[0] for p in pts], [p[1] for p in pts]) if len(pts) >= 3 else None
+            if fit and fit[1] > 0:
+                fits[backend] = {"fixed_us": fit[0] * 1e6, "tbps": 1e-12 / fit[1], "worst_residual_us": fit[2] * 1e6,
+                                 "points": len(pts)}
+        if len(fits) < 2:
+            continue
+        c, n = fits["copy"], fits["native"]
+        first = min((r for r in records if r["op"] == op), key=lambda r: r["tp"])
+        smallest_tp, moved = first["tp"], 2 * first["bytes"]
+        from_bandwidth = moved * (1 / n["tbps"] - 1 / c["tbps"]) * 1e-6  # bytes / (TB/s) -> us
+        out.append({"op": op, "tp": smallest_tp, "copy": c, "native": n,
+                    "bandwidth_ratio": n["tbps"] / c["tbps"], "gap_from_fixed_us": n["fixed_us"] - c["fixed_us"],
+                    "gap_from_bandwidth_us": from_bandwidth})
+    return out
+
+
+def print_scaling(scaling):
+    if not scaling:
+        return
+    print("across TPs, without the model (time = fixed + bytes moved / bandwidth, least squares a backend):")
+    print(f"{'op':14} {'copy us':>8} {'TB/s':>6} {'native us':>9} {'TB/s':>6} {'bw ratio':>8} "
+          f"{'TP':>3} {'gap: fixed':>10} {'bandwidth':>9} {'worst resid':>11}")
+    for s in scaling:
+        c, n = s["copy"], s["native"]
+        print(f"{s['op']:14} {c['fixed_us']:8.2f} {c['tbps']:6.2f} {n['fixed_us']:9.2f} {n['tbps']:6.2f} "
+              f"{s['bandwidth_ratio']:8.3f} {s['tp']:3} {s['gap_from_fixed_us']:10.2f} "
+              f"{s['gap_from_bandwidth_us']:9.2f} {max(c['worst_residual_us'], n['worst_residual_us']):11.2f}")
+    print("(gap: the smallest TP's native time over the copy's, us, from the fixed costs and from the bandwidths)")
+
+
 def predicted_time(case, launches, fig, loops):
     """The prediction alone (s): the launches and the real schedule, no
     counterfactual runs (what a fit evaluates many times)."""
@@ -1090,7 +1147,7 @@ def compare_measured(args, loops, regs, C):
     ops = sorted({k for k, _, _ in rows if k in {c.op for c in cases(args.ops.split(",") if args.ops else None)}})
     if not ops:
         print(f"gpu_model: no device rows of the model's ops in {args.measured}: nothing to compare")
-        return {}
+        return {}, []
     fig = figures(args)
     records = model_cases(args, fig, loops, regs, C, ops)
     print(f"measured: {args.measured}")
@@ -1101,6 +1158,8 @@ def compare_measured(args, loops, regs, C):
             print(f"{r['op']:14} {r['tp']:2} {r['predicted_us']:8.2f} {m['device_ms_per_layer'] * 1e3:8.2f} "
                   f"{r['copy_per_tensor_us'] / r['predicted_us']:9.3f} {1 / m['x_copy_device']:9.3f}")
     print("(fractions of the benchmark's copy: one copy kernel per tensor)")
+    scaling = scaling_across_tp(records, rows)
+    print_scaling(scaling)
     fitted = {}
     copy = fit_copy(records, rows)
     if copy:
@@ -1119,7 +1178,7 @@ def compare_measured(args, loops, regs, C):
         if m:
             print(f"  fitted {r['op']:14} TP{r['tp']}: predicted {r['predicted_us']:8.2f} us, "
                   f"measured {m['device_ms_per_layer'] * 1e3:8.2f} us")
-    return fitted
+    return fitted, scaling
 
 
 # --------------------------------------------------------------------------- the sweep: several plans, one fit
@@ -1231,10 +1290,10 @@ def main(argv=None):
                 json.dump({"sweep": args.sweep, **result}, f, indent=2)
         return 0
     if args.measured:
-        fitted = compare_measured(args, loops, regs, _ops._C)
+        fitted, scaling = compare_measured(args, loops, regs, _ops._C)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"measured": args.measured, "fitted": fitted}, f, indent=2)
+                json.dump({"measured": args.measured, "fitted": fitted, "scaling": scaling}, f, indent=2)
         return 0
     records = model_cases(args, figures(args), loops, regs, _ops._C)
     print_table(args, records, {"registers per thread": f"{regs} [{reg_source}]",

@@ -512,6 +512,28 @@ def test_recorded_counts_match_the_build():
     assert counts == m.SASS_DEFAULTS
 
 
+def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
+    """Measured rows made of a known fixed cost and bandwidth a backend
+    (the copy at 4 TB/s, native at 3 TB/s with 2 us more fixed cost): the
+    line fit finds them, and the smallest TP's gap splits into the two."""
+    m = load_model()
+    sizes = {1: 40e6, 2: 20e6, 4: 10e6, 8: 5e6}  # tensor bytes a layer
+    truth = {"copy": (3.0, 4.0), "native": (5.0, 3.0)}  # (fixed us, TB/s)
+    records = [{"op": "wq_b", "tp": tp, "bytes": b} for tp, b in sizes.items()]
+    rows = {("wq_b", tp, backend): {"device_ms_per_layer": (fixed + 2 * b / (tbps * 1e12) * 1e6) / 1e3}
+            for tp, b in sizes.items() for backend, (fixed, tbps) in truth.items()}
+    [s] = m.scaling_across_tp(records, rows)
+    for backend, (fixed, tbps) in truth.items():
+        assert s[backend]["fixed_us"] == pytest.approx(fixed) and s[backend]["tbps"] == pytest.approx(tbps)
+        assert s[backend]["worst_residual_us"] == pytest.approx(0, abs=1e-6)
+    assert s["tp"] == 1 and s["bandwidth_ratio"] == pytest.approx(0.75)
+    gap_us = (rows[("wq_b", 1, "native")]["device_ms_per_layer"] - rows[("wq_b", 1, "copy")]["device_ms_per_layer"]) * 1e3
+    assert s["gap_from_fixed_us"] == pytest.approx(2.0)
+    assert s["gap_from_fixed_us"] + s["gap_from_bandwidth_us"] == pytest.approx(gap_us)
+    # Two TPs are not enough to tell a fixed cost from a bandwidth.
+    assert m.scaling_across_tp(records[:2], rows) == []
+
+
 @needs_native
 def test_measured_round_trip(tmp_path):
     """A measured file made by the model itself with other bandwidth, launch,
@@ -534,6 +556,10 @@ def test_measured_round_trip(tmp_path):
     assert "meas us" in proc.stdout
     for k, v in altered.items():
         assert fit["fitted"][k] == pytest.approx(v, rel=0.02), (k, fit)
+    # The model-free split across TPs rides along: each op's copy at the altered bandwidth.
+    assert [s["op"] for s in fit["scaling"]] == ["wo_a", "wq_b"]
+    for s in fit["scaling"]:
+        assert s["copy"]["tbps"] == pytest.approx(altered["copy_tbps"], rel=0.02)
 
 
 @needs_native
