@@ -15,6 +15,11 @@ Backends, side by side in one process, taking turns within each pass:
 `copy` (a plain copy of the same bytes; for `load` the plain loader, vLLM's
 default_weight_loader), `reference` (the plain torch gather; for `load`,
 vLLM's permute_on_load, reported as `vllm`) and `native` (this package).
+Two baselines for the in-place weight kinds, when --backends names them:
+`inplace` (torch's own elementwise kernel reads every byte and writes it
+back in place: a bitwise or with 0 on the widest integer words that tile
+the storage) and `outofplace` (the same kernel into a buffer). Their ratio
+is what streaming in place costs on the device, apart from any permutation.
 
 Per (device, tp, kind, backend): the median wall time (host-inclusive) and
 device time of a whole pass over the layers, effective bandwidth (the bytes
@@ -79,7 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
     p.add_argument("--backends", default="reference,native",
-                   help="besides the copy; for the load kind `reference` is vLLM's permute_on_load")
+                   help="besides the copy; for the load kind `reference` is vLLM's permute_on_load; "
+                        "the in-place weight kinds also take the baselines inplace and outofplace")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
     p.add_argument("--kernel-times", action="store_true",
                    help="after the timed passes, one more pass per backend under torch.profiler: "
@@ -185,6 +191,36 @@ def copy_into(buffers):
     return run
 
 
+# Baselines that move no byte anywhere else (see the docstring): not
+# permutations, so not checked against the reference, and not the product,
+# so no memory probe.
+BASELINES = ("inplace", "outofplace")
+
+
+def words(t):
+    """t's whole storage as the widest integer words that tile it (and are
+    aligned), so that an elementwise kernel streams it in wide vectors."""
+    b = as_bytes(t)
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        size = torch.empty((), dtype=dtype).element_size()
+        if b.numel() % size == 0 and b.data_ptr() % size == 0:
+            return b.view(dtype)
+    return b
+
+
+def stream_in_place(tensors):
+    for t in tensors:
+        words(t).bitwise_or_(0)
+
+
+def stream_into(buffers):
+    def run(tensors):
+        for dst, src in zip(buffers, tensors):
+            w = words(src)
+            torch.bitwise_or(w, 0, out=dst.view(w.dtype))
+    return run
+
+
 def weight_fn(name, kind, arg):
     mod = reference if name == "reference" else flashmla_perm
     fn = mod.permute_wq_b_ if kind.startswith("wq_b") else mod.permute_wo_a_
@@ -204,8 +240,10 @@ def weight_case(args, kind, tp, device, backends, layers):
         weight_fn(name, kind, arg)(layer)
         return same_bytes(layer, expected)
 
-    fns = {"copy": copy_into(buffers), **{b: weight_fn(b, kind, arg) for b in backends}}
-    return Case(items, fns, tensors_bytes(items[0]), check, frozenset({"copy", "native"}))
+    baselines = {"inplace": stream_in_place, "outofplace": stream_into(buffers)}
+    fns = {"copy": copy_into(buffers),
+           **{b: baselines[b] if b in BASELINES else weight_fn(b, kind, arg) for b in backends}}
+    return Case(items, fns, tensors_bytes(items[0]), check, frozenset({"copy", "native", *BASELINES}))
 
 
 def q_case(args, kind, tp, device, backends, layers):
@@ -220,7 +258,7 @@ def q_case(args, kind, tp, device, backends, layers):
         q = random_like_bytes(shape, torch.bfloat16, device)
         return same_bytes([ops[name](q)], [reference.permute_q_to_fused(q)])
 
-    fns = {"copy": out.copy_, **{b: ops[b] for b in backends}}
+    fns = {"copy": out.copy_, **{b: ops[b] for b in backends if b in ops}}  # no baselines out of place
     return Case(items, fns, tensors_bytes(items[:1]), check, frozenset({"copy", "native"}))
 
 
@@ -366,7 +404,7 @@ def make_case(args, kind, tp, device, backends, layers):
 def available_backends(args):
     wanted = args.backends.split(",")
     native = flashmla_perm.build_info()["native"]
-    return [b for b in wanted if b == "reference" or (b == "native" and native)]
+    return [b for b in wanted if b in ("reference", *BASELINES) or (b == "native" and native)]
 
 
 # --------------------------------------------------------------------------- timing
@@ -610,7 +648,7 @@ def summarize(args, key, case, times, memory):
             "gbytes_per_s": moved * items / model / 1e9, "gbytes_per_s_device": moved * items / model_dev / 1e9,
             "x_copy": model / copy_wall, "x_copy_device": model_dev / copy_dev,
         }
-        if ref and name not in ("copy", case.reference):
+        if ref and name not in ("copy", case.reference, *BASELINES):
             row["speedup_vs_reference"] = statistics.median(ref[0]) / model
             row["speedup_vs_reference_device"] = statistics.median(ref[1]) / model_dev
         if name in memory:
@@ -679,7 +717,7 @@ def run_kind(args, argv, key, backends, doc):
         print(case.note, flush=True)
     # Everything but the copy and the package's reference functions (the
     # oracle itself); for `load` that includes vLLM's way.
-    for name in [b for b in case.fns if b not in ("copy", "reference")]:
+    for name in [b for b in case.fns if b not in ("copy", "reference", *BASELINES)]:
         if not case.check(name):
             del case.fns[name]
             doc["wrong"].append({**key, "backend": name})
@@ -688,7 +726,7 @@ def run_kind(args, argv, key, backends, doc):
     if args.kernel_times:
         doc["kernel_times"] += kernel_times(case, device, kind, tp, label)
     memory = {} if args.no_memory else {
-        b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b != "copy"}
+        b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b not in ("copy", *BASELINES)}
     rows = summarize(args, key, case, times, memory)
     progress(f"{label} done")
     print_rows(rows)

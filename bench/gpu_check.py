@@ -8,7 +8,9 @@ one budget, the figures most wanted first:
   gpu        torch sees a GPU; its architecture; the tools found
   build      setup.py build_ext --inplace for that architecture only
   bench      bench/bench_load_time.py on CUDA: every kind, TP 1 2 4 8, wall and
-             device times (CUDA graphs / profiler), per-kernel times, no memory probes
+             device times (CUDA graphs / profiler), per-kernel times, no memory probes;
+             beside the copy, torch's elementwise kernel streaming the weights in
+             place and into a buffer (the inplace and outofplace baselines)
   sweep      the benchmark's wq_b and wo_a at TP1 again under each of SWEEP (launch
              plans other than the default, through the executor's environment:
              at most n CTAs a SM, smaller tiles, two buffers for staged column
@@ -338,7 +340,10 @@ def step_build(cfg, step):
 
 
 def step_bench(cfg, step):
-    common = ["--tp", "1", "2", "4", "8", "--no-memory", "--kernel-times", "--json", cfg.path("bench.json")]
+    # With the in-place baselines (torch's elementwise kernel in place and
+    # into a buffer): whether in place itself streams at the copy's rate.
+    common = ["--tp", "1", "2", "4", "8", "--no-memory", "--kernel-times", "--json", cfg.path("bench.json"),
+              "--backends", "reference,native,inplace,outofplace"]
     if cfg.dry:
         step.python("bench/bench_load_time.py", "--devices", "cpu", "--layers", "2", "--reps", "1",
                     "--tokens", "256", *common)
@@ -708,7 +713,9 @@ def scaling_figures(doc):
         return {}
     return {"scaling": {s["op"]: {"bandwidth_ratio": round(s["bandwidth_ratio"], 3),
                                   "gap_from_fixed_us": round(s["gap_from_fixed_us"], 2),
-                                  "gap_from_bandwidth_us": round(s["gap_from_bandwidth_us"], 2)}
+                                  "gap_from_bandwidth_us": round(s["gap_from_bandwidth_us"], 2),
+                                  **({"inplace_bandwidth_ratio": round(s["inplace"]["bandwidth_ratio"], 3)}
+                                     if "inplace" in s else {})}
                         for s in doc["scaling"]}}
 
 
@@ -879,7 +886,10 @@ def short(name, f):
     if name == "bench":
         parts = [f"{k.split()[1]} {v['device_ms_per_layer']:.3g} ms {v['x_copy_device']}x"
                  for k, v in f.items() if k.endswith(" native") and " tp1 " in k]
+        baseline = [f"{k.split()[1]} {v['x_copy_device']}x" for k, v in f.items() if k.endswith(" inplace")
+                    and " tp1 " in k]
         return ("TP1 native, device ms/layer, x copy: " + "; ".join(parts)
+                + (f"; in place (torch elementwise) x copy: {', '.join(baseline)}" if baseline else "")
                 + (f"; {f['wrong']} WRONG" if f.get("wrong") else ""))
     if name in ("tests", "runtime"):
         failed = f.get("failures", 0) + f.get("errors", 0)
@@ -895,7 +905,9 @@ def short(name, f):
              f"min {f['min_predicted_fraction']} of a copy (predicted)")
         if f.get("scaling"):
             s += "; native bandwidth x the copy's (across TPs): " + ", ".join(
-                f"{op} {v['bandwidth_ratio']:.2f}" for op, v in f["scaling"].items())
+                f"{op} {v['bandwidth_ratio']:.2f}"
+                + (f" (torch in place {v['inplace_bandwidth_ratio']:.2f})" if "inplace_bandwidth_ratio" in v else "")
+                for op, v in f["scaling"].items())
         if "sweep_fitted" in f:
             s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "
                   f"ipc {f['sweep_fitted']['ipc']:.3g}, worst point x{f['sweep_worst_ratio']:.2f}")

@@ -1014,6 +1014,11 @@ def fit_copy(records, rows):
     return (fixed, 1 / inv_bw) if inv_bw > 0 else None
 
 
+# The benchmark's baselines beside the copy (bench_load_time.py): torch's
+# elementwise kernel streaming the weights in place, and into a buffer.
+BASELINES = ("inplace", "outofplace")
+
+
 def line_fit(xs, ys):
     """y = a + b x by least squares: (a, b, the largest residual)."""
     n, sx, sy = len(xs), sum(xs), sum(ys)
@@ -1036,14 +1041,14 @@ def scaling_across_tp(records, rows):
     out = []
     for op in sorted({r["op"] for r in records}):
         fits = {}
-        for backend in ("copy", "native"):
+        for backend in ("copy", "native", *BASELINES):
             pts = [(2 * r["bytes"], rows[(op, r["tp"], backend)]["device_ms_per_layer"] * 1e-3)
                    for r in records if r["op"] == op and (op, r["tp"], backend) in rows]
             fit = line_fit([p[0] for p in pts], [p[1] for p in pts]) if len(pts) >= 3 else None
             if fit and fit[1] > 0:
                 fits[backend] = {"fixed_us": fit[0] * 1e6, "tbps": 1e-12 / fit[1], "worst_residual_us": fit[2] * 1e6,
                                  "points": len(pts)}
-        if len(fits) < 2:
+        if "copy" not in fits or "native" not in fits:
             continue
         c, n = fits["copy"], fits["native"]
         first = min((r for r in records if r["op"] == op), key=lambda r: r["tp"])
@@ -1051,7 +1056,8 @@ def scaling_across_tp(records, rows):
         from_bandwidth = moved * (1 / n["tbps"] - 1 / c["tbps"]) * 1e-6  # bytes / (TB/s) -> us
         out.append({"op": op, "tp": smallest_tp, "copy": c, "native": n,
                     "bandwidth_ratio": n["tbps"] / c["tbps"], "gap_from_fixed_us": n["fixed_us"] - c["fixed_us"],
-                    "gap_from_bandwidth_us": from_bandwidth})
+                    "gap_from_bandwidth_us": from_bandwidth,
+                    **{b: {**fits[b], "bandwidth_ratio": fits[b]["tbps"] / c["tbps"]} for b in BASELINES if b in fits}})
     return out
 
 
@@ -1066,6 +1072,10 @@ def print_scaling(scaling):
         print(f"{s['op']:14} {c['fixed_us']:8.2f} {c['tbps']:6.2f} {n['fixed_us']:9.2f} {n['tbps']:6.2f} "
               f"{s['bandwidth_ratio']:8.3f} {s['tp']:3} {s['gap_from_fixed_us']:10.2f} "
               f"{s['gap_from_bandwidth_us']:9.2f} {max(c['worst_residual_us'], n['worst_residual_us']):11.2f}")
+        for b in BASELINES:
+            if b in s:
+                print(f"{'':14} {b}: fixed {s[b]['fixed_us']:.2f} us, {s[b]['tbps']:.2f} TB/s "
+                      f"({s[b]['bandwidth_ratio']:.3f} of the copy's bandwidth)")
     print("(gap: the smallest TP's native time over the copy's, us, from the fixed costs and from the bandwidths)")
 
 

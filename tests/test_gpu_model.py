@@ -518,7 +518,7 @@ def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
     line fit finds them, and the smallest TP's gap splits into the two."""
     m = load_model()
     sizes = {1: 40e6, 2: 20e6, 4: 10e6, 8: 5e6}  # tensor bytes a layer
-    truth = {"copy": (3.0, 4.0), "native": (5.0, 3.0)}  # (fixed us, TB/s)
+    truth = {"copy": (3.0, 4.0), "native": (5.0, 3.0), "inplace": (2.0, 3.6)}  # (fixed us, TB/s)
     records = [{"op": "wq_b", "tp": tp, "bytes": b} for tp, b in sizes.items()]
     rows = {("wq_b", tp, backend): {"device_ms_per_layer": (fixed + 2 * b / (tbps * 1e12) * 1e6) / 1e3}
             for tp, b in sizes.items() for backend, (fixed, tbps) in truth.items()}
@@ -527,6 +527,7 @@ def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
         assert s[backend]["fixed_us"] == pytest.approx(fixed) and s[backend]["tbps"] == pytest.approx(tbps)
         assert s[backend]["worst_residual_us"] == pytest.approx(0, abs=1e-6)
     assert s["tp"] == 1 and s["bandwidth_ratio"] == pytest.approx(0.75)
+    assert s["inplace"]["bandwidth_ratio"] == pytest.approx(0.9) and "outofplace" not in s
     gap_us = (rows[("wq_b", 1, "native")]["device_ms_per_layer"] - rows[("wq_b", 1, "copy")]["device_ms_per_layer"]) * 1e3
     assert s["gap_from_fixed_us"] == pytest.approx(2.0)
     assert s["gap_from_fixed_us"] + s["gap_from_bandwidth_us"] == pytest.approx(gap_us)
