@@ -544,6 +544,8 @@ def kernel_times(case, device, kind, tp, label):
     cuda = device.startswith("cuda")
     rows = []
     for name, fn in case.fns.items():
+        if name in BASELINES:  # torch's own kernel: a profiler pass (seconds on a GPU) would tell nothing
+            continue
         progress(f"{label} kernel times: {name}")
         key = {"device": device, "kind": kind, "tp": tp, "backend": name}
         try:

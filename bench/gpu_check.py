@@ -85,7 +85,7 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_S = 480
 # Step timeouts (seconds, on a GPU machine); the order is the run order.
-TIMEOUTS = {"gpu": 15, "build": 180, "bench": 100, "sweep": 150, "probe": 40, "tests": 90, "runtime": 35,
+TIMEOUTS = {"gpu": 15, "build": 180, "bench": 120, "sweep": 150, "probe": 40, "tests": 90, "runtime": 35,
             "ptxas": 5, "ncu": 60, "memcheck": 50, "racecheck": 50, "model": 90}
 NCU_KINDS = ("wq_b", "wo_a")
 NCU_METRICS = {
