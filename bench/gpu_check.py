@@ -113,8 +113,8 @@ NCU_STALL_METRICS.update({"smsp__average_warp_latency_per_inst_issued.ratio": "c
 # barrier) or leaves them where the one-stage pass finds them.
 NCU_TWO_STAGE = {"wq_b": ("row2", {"FLASHMLA_PERM_ROW_STAGES": "2"}),
                  "wo_a": ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"})}
-NCU_PLAN_METRICS = {**NCU_STALL_METRICS, "gpu__time_duration.sum": "duration_ns",
-                    "smsp__inst_executed.sum": "instructions"}
+NCU_PLAN_TIME_METRICS = {"gpu__time_duration.sum": "duration_ns", "smsp__inst_executed.sum": "instructions"}
+NCU_PLAN_METRICS = {**NCU_STALL_METRICS, **NCU_PLAN_TIME_METRICS}
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
 # The sweep's launch plans: (label, environment, kinds), the ones a new
@@ -447,43 +447,55 @@ def step_model(cfg, step):
 
 
 def step_ncu(cfg, step):
-    """One ncu process per kind, so that each profiled launch of our kernels
-    (the mangled names hold the namespace) belongs to that kind."""
+    """ncu processes, one a kind and pass, so that each profiled launch of our
+    kernels (the mangled names hold the namespace) belongs to one kind and
+    plan. The passes in order of worth, both kinds each: the main metrics,
+    the stall reasons, then the stalls under each kind's two-stage plan; a
+    timeout keeps the passes that ended."""
     if not cfg.dry and not cfg.ncu:
         raise StepFailed("ncu not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-    for kind in NCU_KINDS:
-        case = ["bench/ncu_case.py", kind, "--device", "cpu" if cfg.dry else "cuda",
-                "--json", cfg.path(f"ncu_{kind}.json")]
-        plan, plan_env = NCU_TWO_STAGE[kind]
-        if cfg.dry:
+
+    def case(kind, plan=None):
+        record = f"ncu_{kind}_{plan}.json" if plan else f"ncu_{kind}.json"
+        return ["bench/ncu_case.py", kind, "--device", "cpu" if cfg.dry else "cuda", "--json", cfg.path(record)]
+
+    if cfg.dry:
+        for kind in NCU_KINDS:
+            plan, plan_env = NCU_TWO_STAGE[kind]
             step.say(f"dry: bench/ncu_case.py {kind} on the CPU instead of under ncu, then under {plan}")
-            step.python(*case)
-            step.python(*case[:-1], cfg.path(f"ncu_{kind}_{plan}.json"), env=plan_env)
-            continue
-        report = cfg.path(f"ncu_{kind}")
+            step.python(*case(kind))
+            step.python(*case(kind, plan), env=plan_env)
+        return
+
+    def profile(report, metrics, argv, env=None, check=False):
+        """One profiled process; its report as CSV wherever ncu wrote one (a
+        case whose bytes came out wrong exits 1 after it was profiled). The
+        process's exit status."""
         # --clock-control none: the card's clocks as the benchmark saw them
         # (ncu's default locks them to base, and no figure here is about clocks).
-        step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
-                  "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_METRICS),
-                  "--export", report, "--force-overwrite", cfg.py, *case])
-        step.run([cfg.ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
-                 stdout=cfg.path(f"ncu_{kind}.csv"))
-        stalls = cfg.path(f"ncu_{kind}_stalls")
-        if step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
-                     "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_STALL_METRICS),
-                     "--export", stalls, "--force-overwrite", cfg.py, *case], check=False) == 0:
-            step.run([cfg.ncu, "--import", stalls + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
-                     stdout=cfg.path(f"ncu_{kind}_stalls.csv"), check=False)
-        else:
+        rc = step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base",
+                       "mangled", "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(metrics),
+                       "--export", report, "--force-overwrite", cfg.py, *argv], env=env, check=check)
+        if os.path.exists(report + ".ncu-rep"):
+            step.run([cfg.ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
+                     stdout=report + ".csv", check=check)
+        return rc
+
+    for kind in NCU_KINDS:
+        profile(cfg.path(f"ncu_{kind}"), NCU_METRICS, case(kind), check=True)
+    stalls_ok = True
+    for kind in NCU_KINDS:
+        if profile(cfg.path(f"ncu_{kind}_stalls"), NCU_STALL_METRICS, case(kind)) != 0:
+            stalls_ok = False
             step.say(f"NOTE the stall metrics' ncu pass failed for {kind}: the main figures stand")
-        planned = cfg.path(f"ncu_{kind}_stalls_{plan}")
-        if step.run([cfg.ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base", "mangled",
-                     "--kernel-name", "regex:flashmla_perm", "--metrics", ",".join(NCU_PLAN_METRICS),
-                     "--export", planned, "--force-overwrite", cfg.py, *case], env=plan_env, check=False) == 0:
-            step.run([cfg.ncu, "--import", planned + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
-                     stdout=planned + ".csv", check=False)
-        else:
-            step.say(f"NOTE the {plan} ncu pass failed for {kind}: the default plan's figures stand")
+    for kind in NCU_KINDS:
+        plan, plan_env = NCU_TWO_STAGE[kind]
+        # Where the stall pass failed (an ncu without one of those metrics),
+        # the plan's duration and instructions alone.
+        metrics = NCU_PLAN_METRICS if stalls_ok else NCU_PLAN_TIME_METRICS
+        if profile(cfg.path(f"ncu_{kind}_stalls_{plan}"), metrics, case(kind, plan), env=plan_env) != 0:
+            step.say(f"NOTE the {plan} ncu pass failed for {kind} (ncu_{kind}_{plan}.json says whether its "
+                     "bytes were right): the default plan's figures stand")
 
 
 def sanitize(cfg, step, tool, env=None):
@@ -702,6 +714,10 @@ def ncu_figures(cfg):
             f[kind] = {"dry": True, **case, **({f"ok_{plan}": planned.get("ok")} if planned else {})} if case else {}
         elif os.path.exists(cfg.path(f"ncu_{kind}.csv")):
             f[kind] = ncu_kind_figures(cfg.path(f"ncu_{kind}.csv"), case)
+            plan = NCU_TWO_STAGE[kind][0]
+            planned = load_json(cfg.path(f"ncu_{kind}_{plan}.json"))
+            if planned:
+                f[kind][f"ok_{plan}"] = planned.get("ok")
     return f
 
 
@@ -886,10 +902,10 @@ def short(name, f):
     if name == "bench":
         parts = [f"{k.split()[1]} {v['device_ms_per_layer']:.3g} ms {v['x_copy_device']}x"
                  for k, v in f.items() if k.endswith(" native") and " tp1 " in k]
-        baseline = [f"{k.split()[1]} {v['x_copy_device']}x" for k, v in f.items() if k.endswith(" inplace")
-                    and " tp1 " in k]
+        baseline = [f"{k.split()[1]} {k.split()[3]} {v['x_copy_device']}x" for k, v in f.items()
+                    if k.endswith((" inplace", " outofplace")) and " tp1 " in k]
         return ("TP1 native, device ms/layer, x copy: " + "; ".join(parts)
-                + (f"; in place (torch elementwise) x copy: {', '.join(baseline)}" if baseline else "")
+                + (f"; torch's elementwise kernel x copy: {', '.join(baseline)}" if baseline else "")
                 + (f"; {f['wrong']} WRONG" if f.get("wrong") else ""))
     if name in ("tests", "runtime"):
         failed = f.get("failures", 0) + f.get("errors", 0)
@@ -916,11 +932,14 @@ def short(name, f):
         return "; ".join(
             f"{k}: " + (f"dry, {v.get('tensor_bytes')} B ok={v.get('ok')}"
                         + "".join(f" {key}={x}" for key, x in v.items() if key.startswith("ok_")) if v.get("dry") else
-                        v.get("error") or f"DRAM {v.get('dram_pct_of_peak')}% of peak, "
+                        v.get("error") or f"{v.get('duration_us')} us, DRAM {v.get('dram_pct_of_peak')}% of peak, "
                         f"{v['smem_bank_conflicts']} bank conflicts, {v.get('instructions_per_byte')} inst/B"
                         + ("; stalls a instr: " + ncu_top_stalls(v["stalls"]) if v.get("stalls") else "")
-                        + "".join(f"; {key[7:]}: {p.get('duration_us')} us, stalls {ncu_top_stalls(p)}"
-                                  for key, p in v.items() if key.startswith("stalls_")))
+                        + "".join(f"; {key[7:]}: {p.get('duration_us')} us"
+                                  + (f", stalls {ncu_top_stalls(p)}" if p["per_instruction"] else "")
+                                  for key, p in v.items() if key.startswith("stalls_"))
+                        + "".join(f"; {key[3:]} BYTES WRONG" for key, x in v.items()
+                                  if key.startswith("ok_") and x is False))
             for k, v in f.items() if v)
     if name == "sweep":
         parts, best = [], {}

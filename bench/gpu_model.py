@@ -1020,14 +1020,18 @@ BASELINES = ("inplace", "outofplace")
 
 
 def line_fit(xs, ys):
-    """y = a + b x by least squares: (a, b, the largest residual)."""
-    n, sx, sy = len(xs), sum(xs), sum(ys)
-    sxx, sxy = sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))
-    det = n * sxx - sx * sx
-    if n < 2 or det <= 0:
+    """y = a + b x by least squares: (a, b, the largest residual); None
+    where the xs do not spread (sums about their means, so that equal large
+    xs cannot round into a fit)."""
+    n = len(xs)
+    if n < 2:
         return None
-    b = (n * sxy - sx * sy) / det
-    a = (sy - b * sx) / n
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 1e-12 * mx * mx:
+        return None
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
     return a, b, max(abs(a + b * x - y) for x, y in zip(xs, ys))
 
 

@@ -380,7 +380,7 @@ class Builds:
 
 
 def run_test(test, tree, python, timeout):
-    """(passed, seconds, tail of the output)."""
+    """(passed, seconds, tail of the output, whether the time limit stopped it)."""
     start = time.time()
     if test.startswith("harness"):
         cmd = [str(tree / "build" / "harness" / "tile_harness")] + test.split()[1:]
@@ -391,12 +391,12 @@ def run_test(test, tree, python, timeout):
     env.pop("FLASHMLA_PERM_FORCE_REFERENCE", None)
     try:
         p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-        ok, out = p.returncode == 0, p.stdout + p.stderr
+        ok, out, hung = p.returncode == 0, p.stdout + p.stderr, False
         if p.returncode < 0:
             out += f"\n(killed by signal {-p.returncode})"
     except subprocess.TimeoutExpired as e:
-        ok, out = False, f"(timed out after {timeout}s)\n{e.stdout or ''}"
-    return ok, time.time() - start, "\n".join(out.strip().splitlines()[-15:])
+        ok, out, hung = False, f"(timed out after {timeout}s)\n{e.stdout or ''}", True
+    return ok, time.time() - start, "\n".join(out.strip().splitlines()[-15:]), hung
 
 
 def main():
@@ -464,7 +464,7 @@ def main():
     if not args.no_baseline:
         tests = sorted({t for m, skip in plans if skip is None for t in m.tests})
         for t in tests:
-            ok, secs, out = run_test(t, tree, args.python, args.timeout)
+            ok, secs, out, _ = run_test(t, tree, args.python, args.timeout)
             log(f"== baseline {t}: {'passed' if ok else 'FAILED'} ({secs:.0f}s)")
             if not ok:
                 log(out)
@@ -495,9 +495,9 @@ def main():
             if status is None:
                 killers = []
                 for t in m.tests:
-                    ok, secs, out = run_test(t, tree, args.python, limit.get(t, args.timeout))
+                    ok, secs, out, hung = run_test(t, tree, args.python, limit.get(t, args.timeout))
                     if not ok:
-                        killers.append(t + (f" (a hang: timed out after {secs:.0f}s)" if out.startswith("(timed out") else ""))
+                        killers.append(t + (f" (a hang: timed out after {secs:.0f}s)" if hung else ""))
                         if args.verbose:
                             log(out)
                         if not args.all:

@@ -407,6 +407,12 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     assert f["stalls_row2"]["per_instruction"] == {"barrier": 2.0, "long_scoreboard": 1.0}
     assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["instructions"] == 900
     assert "row2: 15.0 us, stalls barrier 2.0" in gpu_check.short("ncu", {"wq_b": f})
+    assert "row2 BYTES WRONG" in gpu_check.short("ncu", {"wq_b": {**f, "ok_row2": False}})
+    # An ncu without a stall metric: the plan pass has its time alone.
+    report("ncu_wq_b_stalls_row2.csv", [("rows", {"gpu__time_duration.sum": 15000, "smsp__inst_executed.sum": 900})])
+    f = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})
+    assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["per_instruction"] == {}
+    assert "row2: 15.0 us;" in gpu_check.short("ncu", {"wq_b": f}) + ";"
     assert set(gpu_check.NCU_TWO_STAGE) == set(gpu_check.NCU_KINDS)
     for _, env in gpu_check.NCU_TWO_STAGE.values():  # plans the sweep times too
         assert env in [e for _, e, _ in gpu_check.SWEEP]
