@@ -280,6 +280,17 @@ MUTANTS = [
       'logger = logging.getLogger("flashmla_perm.vllm_plugin")',
       ["tests/test_vllm.py::test_plugin_says_what_it_routed_in_a_worker_log"],
       "the plugin's logger outside vLLM's (no handler: its INFO lines never show)"),
+    # ---- the device check's readings (bench/): baselines and the split across TPs
+    M("baseline-changes-bytes", "bench/bench_load_time.py",
+      "words(t).bitwise_or_(0)",
+      "words(t).bitwise_or_(1)",
+      ["tests/test_bench.py"],
+      "the in-place baseline writes other bytes (it would time a different pass)"),
+    M("scaling-gap-units", "bench/gpu_model.py",
+      'from_bandwidth = moved * (1 / n["tbps"] - 1 / c["tbps"]) * 1e-6',
+      'from_bandwidth = moved * (1 / n["tbps"] - 1 / c["tbps"]) * 1e-3',
+      ["tests/test_gpu_model.py::test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth"],
+      "the gap's bandwidth part in the wrong unit (it no longer sums to the gap)"),
 ]
 
 
