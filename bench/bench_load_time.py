@@ -12,14 +12,18 @@ Kinds (one rank's shard at tensor-parallel size t, one item per layer):
                       loaders, checkpoint -> param (pinned host -> GPU on CUDA)
 
 Backends, side by side in one process, taking turns within each pass:
-`copy` (a plain copy of the same bytes; for `load` the plain loader, vLLM's
-default_weight_loader), `reference` (the plain torch gather; for `load`,
-vLLM's permute_on_load, reported as `vllm`) and `native` (this package).
-Two baselines for the in-place weight kinds, when --backends names them:
-`inplace` (torch's own elementwise kernel reads every byte and writes it
-back in place: a bitwise or with 0 on the widest integer words that tile
-the storage) and `outofplace` (the same kernel into a buffer). Their ratio
-is what streaming in place costs on the device, apart from any permutation.
+`copy` (a plain copy of the same bytes, for the weight kinds each layer into
+buffers of its own, as a loader writes each layer into its own params; for
+`load` the plain loader, vLLM's default_weight_loader), `reference` (the
+plain torch gather; for `load`, vLLM's permute_on_load, reported as `vllm`)
+and `native` (this package). Three baselines for the in-place weight kinds,
+when --backends names them: `inplace` (torch's own elementwise kernel reads
+every byte and writes it back in place: a bitwise or with 0 on the widest
+integer words that tile the storage), `outofplace` (the same kernel into
+each layer's own buffers; the ratio of the two is what streaming in place
+costs on the device, apart from any permutation) and `copy_1buf` (the copy
+into one set of buffers that every layer reuses, as the first device run's
+copy did: a GPU's L2 then absorbs part of its writes).
 
 Per (device, tp, kind, backend): the median wall time (host-inclusive) and
 device time of a whole pass over the layers, effective bandwidth (the bytes
@@ -85,7 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
     p.add_argument("--backends", default="reference,native",
                    help="besides the copy; for the load kind `reference` is vLLM's permute_on_load; "
-                        "the in-place weight kinds also take the baselines inplace and outofplace")
+                        "the in-place weight kinds also take the baselines inplace, outofplace and copy_1buf")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
     p.add_argument("--kernel-times", action="store_true",
                    help="after the timed passes, one more pass per backend under torch.profiler: "
@@ -183,18 +187,29 @@ class Case:
     note: str = ""  # printed once: where the backends came from
 
 
-def copy_into(buffers):
-    """A plain copy of an item's bytes into preallocated buffers of the same size."""
+def layer_buffers(layers, device):
+    """Per layer, a buffer per tensor of its storage's size: its own, as a
+    loader writes each layer into params of its own. Poisoned, so that their
+    pages exist before anything is timed."""
+    return {id(layer): [torch.full((tensors_bytes([t]),), 0xA5, dtype=torch.uint8, device=device) for t in layer]
+            for layer in layers}
+
+
+def copy_into(buffers_of):
+    """A plain copy of a layer's bytes into buffers_of(layer), of the same sizes."""
     def run(tensors):
-        for dst, src in zip(buffers, tensors):
+        for dst, src in zip(buffers_of(tensors), tensors):
             dst.copy_(as_bytes(src))
     return run
 
 
-# Baselines that move no byte anywhere else (see the docstring): not
-# permutations, so not checked against the reference, and not the product,
-# so no memory probe.
-BASELINES = ("inplace", "outofplace")
+# Baselines that are not the product (see the docstring): not permutations,
+# so not checked against the reference, and no memory probe. copy_1buf is the
+# copy into one set of buffers that every layer reuses, as the first device
+# run's copy was: on a GPU whose L2 holds much of a layer, the previous
+# layer's dirty lines absorb writes that the copy into each layer's own
+# buffers (the `copy`) sends to DRAM.
+BASELINES = ("inplace", "outofplace", "copy_1buf")
 
 
 def words(t):
@@ -213,9 +228,9 @@ def stream_in_place(tensors):
         words(t).bitwise_or_(0)
 
 
-def stream_into(buffers):
+def stream_into(buffers_of):
     def run(tensors):
-        for dst, src in zip(buffers, tensors):
+        for dst, src in zip(buffers_of(tensors), tensors):
             w = words(src)
             torch.bitwise_or(w, 0, out=dst.view(w.dtype))
     return run
@@ -231,7 +246,9 @@ def weight_case(args, kind, tp, device, backends, layers):
     """The in-place weight ops: each layer a (weight, scale) pair."""
     _, _, arg = shapes(args, kind, tp)
     items = [make_layer(args, kind, tp, device) for _ in range(layers)]
-    buffers = [torch.empty(tensors_bytes([t]), dtype=torch.uint8, device=device) for t in items[0]]
+    own = layer_buffers(items, device)
+    own_buffers = lambda layer: own[id(layer)]  # noqa: E731 (items stay alive with the case)
+    shared = layer_buffers(items[:1], device)[id(items[0])] if "copy_1buf" in backends else None
 
     def check(name):
         layer = make_layer(args, kind, tp, device)
@@ -240,8 +257,9 @@ def weight_case(args, kind, tp, device, backends, layers):
         weight_fn(name, kind, arg)(layer)
         return same_bytes(layer, expected)
 
-    baselines = {"inplace": stream_in_place, "outofplace": stream_into(buffers)}
-    fns = {"copy": copy_into(buffers),
+    baselines = {"inplace": stream_in_place, "outofplace": stream_into(own_buffers),
+                 "copy_1buf": copy_into(lambda layer: shared)}
+    fns = {"copy": copy_into(own_buffers),
            **{b: baselines[b] if b in BASELINES else weight_fn(b, kind, arg) for b in backends}}
     return Case(items, fns, tensors_bytes(items[0]), check, frozenset({"copy", "native", *BASELINES}))
 

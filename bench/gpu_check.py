@@ -9,8 +9,10 @@ one budget, the figures most wanted first:
   build      setup.py build_ext --inplace for that architecture only
   bench      bench/bench_load_time.py on CUDA: every kind, TP 1 2 4 8, wall and
              device times (CUDA graphs / profiler), per-kernel times, no memory probes;
-             beside the copy, torch's elementwise kernel streaming the weights in
-             place and into a buffer (the inplace and outofplace baselines)
+             beside the copy (each layer into buffers of its own), torch's elementwise
+             kernel streaming the weights in place and into a buffer (the inplace and
+             outofplace baselines), and the copy into one buffer every layer reuses
+             (copy_1buf: the first device run's copy, which the L2 helped)
   sweep      the benchmark's wq_b and wo_a at TP1 again under each of SWEEP (launch
              plans other than the default, through the executor's environment:
              at most n CTAs a SM, smaller tiles, two buffers for staged column
@@ -34,7 +36,10 @@ one budget, the figures most wanted first:
              in a second pass, the cycles a warp waits on each stall reason
              per instruction issued; in a third, the same stalls with the
              duration and instructions under the kind's two-stage plan (row2,
-             col2: NCU_TWO_STAGE)
+             col2: NCU_TWO_STAGE); in a fourth (NCU_WHERE_METRICS), the
+             busiest SM's active cycles over the mean's, sectors an L2 read
+             request, waves, and the clocks; the step's timeout cuts the
+             least wanted passes first
   memcheck   compute-sanitizer memcheck over bench/sanitizer_case.py, our kernels only
   racecheck  the same under racecheck
   model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
@@ -115,6 +120,18 @@ NCU_TWO_STAGE = {"wq_b": ("row2", {"FLASHMLA_PERM_ROW_STAGES": "2"}),
                  "wo_a": ("col2", {"FLASHMLA_PERM_COL_STAGES": "2"})}
 NCU_PLAN_TIME_METRICS = {"gpu__time_duration.sum": "duration_ns", "smsp__inst_executed.sum": "instructions"}
 NCU_PLAN_METRICS = {**NCU_STALL_METRICS, **NCU_PLAN_TIME_METRICS}
+# A fourth pass a kind, the least wanted: what else could keep the kernels
+# at 0.78-0.81 of the copy's bandwidth (the first device run) that the
+# passes above do not show. How even the SMs' work is (the busiest SM's
+# active cycles over the mean: a CTA holds 1.6-2.8 tiles, a few hold a last
+# small one); how many 32-byte sectors an L2 read request carries (wo_a
+# gathers 32-byte chunks 512 bytes apart, wq_b reads whole rows); the waves;
+# and both clocks as ncu saw them (it leaves them alone, as the benchmark did).
+NCU_WHERE_METRICS = {"sm__cycles_active.max": "sm_active_max", "sm__cycles_active.avg": "sm_active_avg",
+                     "lts__t_sectors_srcunit_tex_op_read.sum": "l2_read_sectors",
+                     "lts__t_requests_srcunit_tex_op_read.sum": "l2_read_requests",
+                     "launch__waves_per_multiprocessor": "waves_per_sm",
+                     "sm__cycles_elapsed.avg.per_second": "sm_hz", "dram__cycles_elapsed.avg.per_second": "dram_hz"}
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
 # The sweep's launch plans: (label, environment, kinds), the ones a new
@@ -343,7 +360,7 @@ def step_bench(cfg, step):
     # With the in-place baselines (torch's elementwise kernel in place and
     # into a buffer): whether in place itself streams at the copy's rate.
     common = ["--tp", "1", "2", "4", "8", "--no-memory", "--kernel-times", "--json", cfg.path("bench.json"),
-              "--backends", "reference,native,inplace,outofplace"]
+              "--backends", "reference,native,inplace,outofplace,copy_1buf"]
     if cfg.dry:
         step.python("bench/bench_load_time.py", "--devices", "cpu", "--layers", "2", "--reps", "1",
                     "--tokens", "256", *common)
@@ -496,6 +513,9 @@ def step_ncu(cfg, step):
         if profile(cfg.path(f"ncu_{kind}_stalls_{plan}"), metrics, case(kind, plan), env=plan_env) != 0:
             step.say(f"NOTE the {plan} ncu pass failed for {kind} (ncu_{kind}_{plan}.json says whether its "
                      "bytes were right): the default plan's figures stand")
+    for kind in NCU_KINDS:
+        if profile(cfg.path(f"ncu_{kind}_where"), NCU_WHERE_METRICS, case(kind)) != 0:
+            step.say(f"NOTE the balance, L2 request and clock ncu pass failed for {kind}: the other figures stand")
 
 
 def sanitize(cfg, step, tool, env=None):
@@ -641,16 +661,23 @@ def number(text):
     return float(text.replace(",", ""))  # ncu may group thousands
 
 
-def ncu_kind_figures(csv_path, case):
-    """Our kernels' launches in one ncu report (the details page, as CSV),
-    summed; the DRAM throughput weighted by duration."""
+def ncu_launches(csv_path, metrics):
+    """{launch ID: {figure: value, "kernel": name}} of the `metrics` (ncu
+    name -> figure) in one ncu report (the details page, as CSV)."""
     lines = [line for line in read_text(csv_path).splitlines() if line.startswith('"')]
     launches = {}
     for row in csv.DictReader(lines):
-        metric = NCU_METRICS.get(row.get("Metric Name", ""))
+        metric = metrics.get(row.get("Metric Name", ""))
         if metric:
             launch = launches.setdefault(row["ID"], {"kernel": row.get("Kernel Name", "")})
             launch[metric] = number(row["Metric Value"])
+    return launches
+
+
+def ncu_kind_figures(csv_path, case):
+    """Our kernels' launches in one ncu report, summed; the DRAM throughput
+    weighted by duration."""
+    launches = ncu_launches(csv_path, NCU_METRICS)
     if not launches:
         return {"error": f"no launch of our kernels in {csv_path}"}
     total = {m: sum(launch.get(m, 0.0) for launch in launches.values()) for m in NCU_METRICS.values()}
@@ -671,19 +698,48 @@ def ncu_kind_figures(csv_path, case):
     plan = NCU_TWO_STAGE[case["kind"]][0] if case and case.get("kind") in NCU_TWO_STAGE else None
     if plan and (planned := ncu_stall_figures(csv_path.replace(".csv", f"_stalls_{plan}.csv"))):
         f[f"stalls_{plan}"] = planned
+    where = ncu_where_figures(csv_path.replace(".csv", "_where.csv"))
+    if where:
+        f["where"] = where
     return f
+
+
+def ncu_where_figures(csv_path):
+    """NCU_WHERE_METRICS over our kernels' launches: the busiest SM's active
+    cycles over the mean SM's (summed over launches), 32-byte sectors an L2
+    read request, each launch's waves, the mean clocks (GHz)."""
+    launches = list(ncu_launches(csv_path, NCU_WHERE_METRICS).values())
+    if not launches:
+        return {}
+
+    def total(key):
+        return sum(launch.get(key, 0.0) for launch in launches)
+
+    def mean_ghz(key):
+        return round(total(key) / len(launches) / 1e9, 3)
+
+    f = {"waves_per_sm": [round(launch.get("waves_per_sm", 0.0), 2) for launch in launches],
+         "sm_ghz": mean_ghz("sm_hz"), "dram_ghz": mean_ghz("dram_hz")}
+    if total("sm_active_avg"):
+        f["sm_busiest_over_mean"] = round(total("sm_active_max") / total("sm_active_avg"), 3)
+    if total("l2_read_requests"):
+        f["l2_sectors_per_read_request"] = round(total("l2_read_sectors") / total("l2_read_requests"), 2)
+    return f
+
+
+def ncu_where_text(w):
+    return "; " + ", ".join(
+        [f"busiest SM x{w['sm_busiest_over_mean']} the mean"] * ("sm_busiest_over_mean" in w)
+        + [f"{w['l2_sectors_per_read_request']} sectors an L2 read"] * ("l2_sectors_per_read_request" in w)
+        + [f"waves {'/'.join(str(x) for x in w['waves_per_sm'])}",
+           f"clocks SM {w['sm_ghz']} GHz, DRAM {w['dram_ghz']} GHz"])
 
 
 def ncu_stall_figures(csv_path):
     """NCU_STALL_METRICS of our kernels' launches (the stall pass's CSV),
     each launch's weighted by its instructions' share: cycles a warp waits
     on each reason per instruction issued, largest first."""
-    lines = [line for line in read_text(csv_path).splitlines() if line.startswith('"')]
-    launches = {}
-    for row in csv.DictReader(lines):
-        metric = NCU_PLAN_METRICS.get(row.get("Metric Name", ""))
-        if metric:
-            launches.setdefault(row["ID"], {})[metric] = number(row["Metric Value"])
+    launches = ncu_launches(csv_path, NCU_PLAN_METRICS)
     if not launches:
         return {}
     n = len(launches)
@@ -730,8 +786,8 @@ def scaling_figures(doc):
     return {"scaling": {s["op"]: {"bandwidth_ratio": round(s["bandwidth_ratio"], 3),
                                   "gap_from_fixed_us": round(s["gap_from_fixed_us"], 2),
                                   "gap_from_bandwidth_us": round(s["gap_from_bandwidth_us"], 2),
-                                  **({"inplace_bandwidth_ratio": round(s["inplace"]["bandwidth_ratio"], 3)}
-                                     if "inplace" in s else {})}
+                                  **{f"{b}_bandwidth_ratio": round(s[b]["bandwidth_ratio"], 3)
+                                     for b in ("inplace", "copy_1buf") if b in s}}
                         for s in doc["scaling"]}}
 
 
@@ -903,9 +959,9 @@ def short(name, f):
         parts = [f"{k.split()[1]} {v['device_ms_per_layer']:.3g} ms {v['x_copy_device']}x"
                  for k, v in f.items() if k.endswith(" native") and " tp1 " in k]
         baseline = [f"{k.split()[1]} {k.split()[3]} {v['x_copy_device']}x" for k, v in f.items()
-                    if k.endswith((" inplace", " outofplace")) and " tp1 " in k]
+                    if k.endswith((" inplace", " outofplace", " copy_1buf")) and " tp1 " in k]
         return ("TP1 native, device ms/layer, x copy: " + "; ".join(parts)
-                + (f"; torch's elementwise kernel x copy: {', '.join(baseline)}" if baseline else "")
+                + (f"; baselines x copy: {', '.join(baseline)}" if baseline else "")
                 + (f"; {f['wrong']} WRONG" if f.get("wrong") else ""))
     if name in ("tests", "runtime"):
         failed = f.get("failures", 0) + f.get("errors", 0)
@@ -923,6 +979,8 @@ def short(name, f):
             s += "; native bandwidth x the copy's (across TPs): " + ", ".join(
                 f"{op} {v['bandwidth_ratio']:.2f}"
                 + (f" (torch in place {v['inplace_bandwidth_ratio']:.2f})" if "inplace_bandwidth_ratio" in v else "")
+                + (f" (copy into one buffer {v['copy_1buf_bandwidth_ratio']:.2f})"
+                   if "copy_1buf_bandwidth_ratio" in v else "")
                 for op, v in f["scaling"].items())
         if "sweep_fitted" in f:
             s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "
@@ -939,7 +997,8 @@ def short(name, f):
                                   + (f", stalls {ncu_top_stalls(p)}" if p["per_instruction"] else "")
                                   for key, p in v.items() if key.startswith("stalls_"))
                         + "".join(f"; {key[3:]} BYTES WRONG" for key, x in v.items()
-                                  if key.startswith("ok_") and x is False))
+                                  if key.startswith("ok_") and x is False)
+                        + (ncu_where_text(v["where"]) if v.get("where") else ""))
             for k, v in f.items() if v)
     if name == "sweep":
         parts, best = [], {}
@@ -997,7 +1056,7 @@ OUTPUTS = ("gpu_check.json", "gpu.json", "tests.xml", "runtime.xml", "ptxas.json
            "model_fit.json", "probe.json", "sweep.json", "sweep_model.json",
            *(f"sweep_{label}.json" for label, _, _ in SWEEP),
            *(f"ncu_{k}{ext}" for k in NCU_KINDS for ext in (".json", ".csv", ".ncu-rep", "_stalls.csv",
-                                                             "_stalls.ncu-rep")),
+                                                             "_stalls.ncu-rep", "_where.csv", "_where.ncu-rep")),
            *(f"ncu_{k}{ext}" for k, (plan, _) in NCU_TWO_STAGE.items()
              for ext in (f"_{plan}.json", f"_stalls_{plan}.csv", f"_stalls_{plan}.ncu-rep")))
 

@@ -291,6 +291,16 @@ MUTANTS = [
       'from_bandwidth = moved * (1 / n["tbps"] - 1 / c["tbps"]) * 1e-3',
       ["tests/test_gpu_model.py::test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth"],
       "the gap's bandwidth part in the wrong unit (it no longer sums to the gap)"),
+    M("copy-one-buffer", "bench/bench_load_time.py",
+      '"copy": copy_into(own_buffers),',
+      '"copy": copy_into(lambda layer: own[id(items[0])]),',
+      ["tests/test_bench.py"],
+      "the copy writes every layer into one buffer (a GPU's L2 absorbs the rewrites: the first run's copy)"),
+    M("ncu-busiest-sm", "bench/gpu_check.py",
+      'round(total("sm_active_max") / total("sm_active_avg"), 3)',
+      'round(max(launch.get("sm_active_max", 0.0) / launch.get("sm_active_avg", 1.0) for launch in launches), 3)',
+      ["tests/test_gpu_model.py::test_ncu_reports_are_read_per_launch_and_per_plan"],
+      "the busiest SM's share taken per launch, not over the launches' cycles"),
 ]
 
 

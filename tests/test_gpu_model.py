@@ -413,6 +413,25 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     f = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})
     assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["per_instruction"] == {}
     assert "row2: 15.0 us;" in gpu_check.short("ncu", {"wq_b": f}) + ";"
+    # The balance, L2 request and clock pass: two launches, summed.
+    assert "where" not in f
+    report("ncu_wq_b_where.csv", [("rows", {"sm__cycles_active.max": 1200, "sm__cycles_active.avg": 1000,
+                                           "lts__t_sectors_srcunit_tex_op_read.sum": 4000,
+                                           "lts__t_requests_srcunit_tex_op_read.sum": 1000,
+                                           "launch__waves_per_multiprocessor": 2.82,
+                                           "sm__cycles_elapsed.avg.per_second": 1.98e9,
+                                           "dram__cycles_elapsed.avg.per_second": 3.2e9}),
+                                  ("rows", {"sm__cycles_active.max": 600, "sm__cycles_active.avg": 200,
+                                            "lts__t_sectors_srcunit_tex_op_read.sum": "2,000",
+                                            "lts__t_requests_srcunit_tex_op_read.sum": 1000,
+                                            "launch__waves_per_multiprocessor": 0.5,
+                                            "sm__cycles_elapsed.avg.per_second": 1.78e9,
+                                            "dram__cycles_elapsed.avg.per_second": 3.2e9})])
+    w = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})["where"]
+    assert w == {"sm_busiest_over_mean": 1.5, "l2_sectors_per_read_request": 3.0, "waves_per_sm": [2.82, 0.5],
+                 "sm_ghz": 1.88, "dram_ghz": 3.2}
+    text = gpu_check.short("ncu", {"wq_b": {**f, "where": w}})
+    assert "busiest SM x1.5 the mean, 3.0 sectors an L2 read, waves 2.82/0.5, clocks SM 1.88 GHz" in text
     assert set(gpu_check.NCU_TWO_STAGE) == set(gpu_check.NCU_KINDS)
     for _, env in gpu_check.NCU_TWO_STAGE.values():  # plans the sweep times too
         assert env in [e for _, e, _ in gpu_check.SWEEP]
