@@ -715,11 +715,15 @@ def ncu_where_figures(csv_path):
     def total(key):
         return sum(launch.get(key, 0.0) for launch in launches)
 
-    def mean_ghz(key):
-        return round(total(key) / len(launches) / 1e9, 3)
+    def everywhere(key):  # a figure this ncu gave for every launch
+        return all(key in launch for launch in launches)
 
-    f = {"waves_per_sm": [round(launch.get("waves_per_sm", 0.0), 2) for launch in launches],
-         "sm_ghz": mean_ghz("sm_hz"), "dram_ghz": mean_ghz("dram_hz")}
+    f = {}
+    if everywhere("waves_per_sm"):
+        f["waves_per_sm"] = [round(launch["waves_per_sm"], 2) for launch in launches]
+    for hz, ghz in (("sm_hz", "sm_ghz"), ("dram_hz", "dram_ghz")):
+        if everywhere(hz):
+            f[ghz] = round(total(hz) / len(launches) / 1e9, 3)
     if total("sm_active_avg"):
         f["sm_busiest_over_mean"] = round(total("sm_active_max") / total("sm_active_avg"), 3)
     if total("l2_read_requests"):
@@ -728,11 +732,11 @@ def ncu_where_figures(csv_path):
 
 
 def ncu_where_text(w):
-    return "; " + ", ".join(
-        [f"busiest SM x{w['sm_busiest_over_mean']} the mean"] * ("sm_busiest_over_mean" in w)
-        + [f"{w['l2_sectors_per_read_request']} sectors an L2 read"] * ("l2_sectors_per_read_request" in w)
-        + [f"waves {'/'.join(str(x) for x in w['waves_per_sm'])}",
-           f"clocks SM {w['sm_ghz']} GHz, DRAM {w['dram_ghz']} GHz"])
+    parts = {"sm_busiest_over_mean": lambda x: f"busiest SM x{x} the mean",
+             "l2_sectors_per_read_request": lambda x: f"{x} sectors an L2 read",
+             "waves_per_sm": lambda x: "waves " + "/".join(str(v) for v in x),
+             "sm_ghz": lambda x: f"SM clock {x} GHz", "dram_ghz": lambda x: f"DRAM clock {x} GHz"}
+    return "; " + ", ".join(text(w[key]) for key, text in parts.items() if key in w)
 
 
 def ncu_stall_figures(csv_path):
@@ -976,11 +980,11 @@ def short(name, f):
         s = (f"{f['cases']} cases, {f['below_target']} below target, "
              f"min {f['min_predicted_fraction']} of a copy (predicted)")
         if f.get("scaling"):
-            s += "; native bandwidth x the copy's (across TPs): " + ", ".join(
-                f"{op} {v['bandwidth_ratio']:.2f}"
-                + (f" (torch in place {v['inplace_bandwidth_ratio']:.2f})" if "inplace_bandwidth_ratio" in v else "")
-                + (f" (copy into one buffer {v['copy_1buf_bandwidth_ratio']:.2f})"
-                   if "copy_1buf_bandwidth_ratio" in v else "")
+            named = {"inplace": "torch in place", "copy_1buf": "the copy into one buffer"}
+            s += "; bandwidth x the copy's (across TPs): " + ", ".join(
+                f"{op} native {v['bandwidth_ratio']:.2f}"
+                + "".join(f", {words} {v[f'{b}_bandwidth_ratio']:.2f}" for b, words in named.items()
+                          if f"{b}_bandwidth_ratio" in v)
                 for op, v in f["scaling"].items())
         if "sweep_fitted" in f:
             s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "

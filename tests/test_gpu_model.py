@@ -431,7 +431,11 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     assert w == {"sm_busiest_over_mean": 1.5, "l2_sectors_per_read_request": 3.0, "waves_per_sm": [2.82, 0.5],
                  "sm_ghz": 1.88, "dram_ghz": 3.2}
     text = gpu_check.short("ncu", {"wq_b": {**f, "where": w}})
-    assert "busiest SM x1.5 the mean, 3.0 sectors an L2 read, waves 2.82/0.5, clocks SM 1.88 GHz" in text
+    assert "busiest SM x1.5 the mean, 3.0 sectors an L2 read, waves 2.82/0.5, SM clock 1.88 GHz" in text
+    # An ncu without the clock metrics: the rest stands, and no clock is made up.
+    report("ncu_wq_b_where.csv", [("rows", {"sm__cycles_active.max": 1200, "sm__cycles_active.avg": 1000})])
+    w = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})["where"]
+    assert w == {"sm_busiest_over_mean": 1.2}
     assert set(gpu_check.NCU_TWO_STAGE) == set(gpu_check.NCU_KINDS)
     for _, env in gpu_check.NCU_TWO_STAGE.values():  # plans the sweep times too
         assert env in [e for _, e, _ in gpu_check.SWEEP]
@@ -543,7 +547,8 @@ def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
     line fit finds them, and the smallest TP's gap splits into the two."""
     m = load_model()
     sizes = {1: 40e6, 2: 20e6, 4: 10e6, 8: 5e6}  # tensor bytes a layer
-    truth = {"copy": (3.0, 4.0), "native": (5.0, 3.0), "inplace": (2.0, 3.6)}  # (fixed us, TB/s)
+    truth = {"copy": (3.0, 4.0), "native": (5.0, 3.0), "inplace": (2.0, 3.6),
+             "copy_1buf": (3.0, 4.4)}  # (fixed us, TB/s)
     records = [{"op": "wq_b", "tp": tp, "bytes": b} for tp, b in sizes.items()]
     rows = {("wq_b", tp, backend): {"device_ms_per_layer": (fixed + 2 * b / (tbps * 1e12) * 1e6) / 1e3}
             for tp, b in sizes.items() for backend, (fixed, tbps) in truth.items()}
@@ -553,6 +558,16 @@ def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
         assert s[backend]["worst_residual_us"] == pytest.approx(0, abs=1e-6)
     assert s["tp"] == 1 and s["bandwidth_ratio"] == pytest.approx(0.75)
     assert s["inplace"]["bandwidth_ratio"] == pytest.approx(0.9) and "outofplace" not in s
+    assert s["copy_1buf"]["bandwidth_ratio"] == pytest.approx(1.1)
+    # What the device check's model step records and prints of it.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    figs = gpu_check.scaling_figures({"scaling": [s]})
+    assert figs["scaling"]["wq_b"] == {"bandwidth_ratio": 0.75, "gap_from_fixed_us": 2.0,
+                                       "gap_from_bandwidth_us": pytest.approx(s["gap_from_bandwidth_us"], abs=0.01),
+                                       "inplace_bandwidth_ratio": 0.9, "copy_1buf_bandwidth_ratio": 1.1}
+    text = gpu_check.short("model", {"cases": 1, "below_target": 0, "min_predicted_fraction": 1.0, **figs})
+    assert "wq_b native 0.75, torch in place 0.90, the copy into one buffer 1.10" in text
     gap_us = (rows[("wq_b", 1, "native")]["device_ms_per_layer"] - rows[("wq_b", 1, "copy")]["device_ms_per_layer"]) * 1e3
     assert s["gap_from_fixed_us"] == pytest.approx(2.0)
     assert s["gap_from_fixed_us"] + s["gap_from_bandwidth_us"] == pytest.approx(gap_us)
