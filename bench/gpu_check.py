@@ -132,6 +132,10 @@ NCU_WHERE_METRICS = {"sm__cycles_active.max": "sm_active_max", "sm__cycles_activ
                      "lts__t_requests_srcunit_tex_op_read.sum": "l2_read_requests",
                      "launch__waves_per_multiprocessor": "waves_per_sm",
                      "sm__cycles_elapsed.avg.per_second": "sm_hz", "dram__cycles_elapsed.avg.per_second": "dram_hz"}
+# The benchmark's baselines the bench step asks for (bench_load_time.py
+# BASELINES): torch's elementwise kernel in place and into each layer's
+# buffers, and the copy into one buffer every layer reuses.
+BENCH_BASELINES = ("inplace", "outofplace", "copy_1buf")
 KILL_GRACE_S = 10  # after SIGTERM, before SIGKILL
 TEST_WORKERS = 4  # pytest-xdist processes of the tests step, where it is installed
 # The sweep's launch plans: (label, environment, kinds), the ones a new
@@ -357,10 +361,10 @@ def step_build(cfg, step):
 
 
 def step_bench(cfg, step):
-    # With the in-place baselines (torch's elementwise kernel in place and
-    # into a buffer): whether in place itself streams at the copy's rate.
+    # With the baselines (BENCH_BASELINES): whether in place itself streams
+    # at the copy's rate, and how much the L2 helped the first run's copy.
     common = ["--tp", "1", "2", "4", "8", "--no-memory", "--kernel-times", "--json", cfg.path("bench.json"),
-              "--backends", "reference,native,inplace,outofplace,copy_1buf"]
+              "--backends", ",".join(("reference", "native", *BENCH_BASELINES))]
     if cfg.dry:
         step.python("bench/bench_load_time.py", "--devices", "cpu", "--layers", "2", "--reps", "1",
                     "--tokens", "256", *common)
@@ -467,8 +471,8 @@ def step_ncu(cfg, step):
     """ncu processes, one a kind and pass, so that each profiled launch of our
     kernels (the mangled names hold the namespace) belongs to one kind and
     plan. The passes in order of worth, both kinds each: the main metrics,
-    the stall reasons, then the stalls under each kind's two-stage plan; a
-    timeout keeps the passes that ended."""
+    the stall reasons, the stalls under each kind's two-stage plan, then
+    balance, L2 requests and clocks; a timeout keeps the passes that ended."""
     if not cfg.dry and not cfg.ncu:
         raise StepFailed("ncu not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
 
@@ -963,7 +967,7 @@ def short(name, f):
         parts = [f"{k.split()[1]} {v['device_ms_per_layer']:.3g} ms {v['x_copy_device']}x"
                  for k, v in f.items() if k.endswith(" native") and " tp1 " in k]
         baseline = [f"{k.split()[1]} {k.split()[3]} {v['x_copy_device']}x" for k, v in f.items()
-                    if k.endswith((" inplace", " outofplace", " copy_1buf")) and " tp1 " in k]
+                    if k.endswith(tuple(f" {b}" for b in BENCH_BASELINES)) and " tp1 " in k]
         return ("TP1 native, device ms/layer, x copy: " + "; ".join(parts)
                 + (f"; baselines x copy: {', '.join(baseline)}" if baseline else "")
                 + (f"; {f['wrong']} WRONG" if f.get("wrong") else ""))
