@@ -63,6 +63,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from card import cuda_card  # noqa: E402
+
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
 Q_KINDS = {"permute_q": None, "permute_q_h128": 128}  # kind -> heads before TP (None: --heads)
 KINDS = (*WEIGHT_KINDS, *Q_KINDS, "load")
@@ -753,6 +756,20 @@ def run_kind(args, argv, key, backends, doc):
     doc["rows"] += rows
 
 
+def cpu_name():
+    """The CPU's model name (Linux), else the platform's word for it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+        if m:
+            return f"{m.group(1).strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -768,7 +785,12 @@ def main(argv=None):
           f"Q {args.tokens} tokens bf16; median of {args.reps} passes")
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
-    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__,
+    # Which machine gave the figures: a ratio from one card is not another's.
+    card = cuda_card() if "cuda" in devices else None
+    cpu = cpu_name()
+    print(f"cpu: {cpu}" + (f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak "
+                           f"({card['source']})" if card else ""))
+    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__, "cpu": cpu, "card": card,
            "rows": [], "wrong": [], "kernel_times": [], "notes": []}
     print(TABLE_HEAD)
     print("-" * len(TABLE_HEAD), flush=True)

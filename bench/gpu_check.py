@@ -314,9 +314,11 @@ def gpu_info(path):
     if torch.cuda.is_available():
         caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
         free, total = torch.cuda.mem_get_info()
+        from card import cuda_card  # bench/card.py: the figures the model's step plans with
+
         info.update(name=torch.cuda.get_device_name(0), devices=torch.cuda.device_count(),
                     arch=";".join(f"{a}.{b}" for a, b in caps),
-                    free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
+                    free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1), card=cuda_card(0))
     elif dry:
         info.update(name="cpu (dry run)", arch="none")
     print(json.dumps(info))
@@ -454,17 +456,21 @@ def step_model(cfg, step):
                 log = ["--ptxas-log", cfg.path("build.log")]
     except OSError:
         pass
-    step.python("bench/gpu_model.py", "--json", cfg.path("model.json"), *log)
+    # On a device, its card: SMs, shared memory, clock, memory peak (an H100's
+    # are not the H200's the model's defaults were fitted on).
+    card = ["--card", cfg.path("gpu.json")] if not cfg.dry and os.path.exists(cfg.path("gpu.json")) else []
+    inputs = log + card
+    step.python("bench/gpu_model.py", "--json", cfg.path("model.json"), *inputs)
     # The benchmark's device rows beside the prediction, and the latency,
     # bandwidth and issue rate that explain them (the weight ops: their
     # launches simulate fast enough for the fit's repeated runs).
     if os.path.exists(cfg.path("bench.json")):
         step.python("bench/gpu_model.py", "--measured", cfg.path("bench.json"), "--ops", "wq_b,wo_a",
-                    "--json", cfg.path("model_fit.json"), *log)
+                    "--json", cfg.path("model_fit.json"), *inputs)
     if os.path.exists(cfg.path("sweep.json")):
         # Dry: CPU times, which no GPU model explains; a few evaluations show the plumbing.
         step.python("bench/gpu_model.py", "--sweep", cfg.path("sweep.json"), "--json", cfg.path("sweep_model.json"),
-                    *(["--fit-evals", "6"] if cfg.dry else []), *log)
+                    *(["--fit-evals", "6"] if cfg.dry else []), *inputs)
 
 
 def step_ncu(cfg, step):
@@ -959,6 +965,8 @@ def short(name, f):
         s = f"{f.get('name', '?')}, arch {f.get('arch', '?')}, torch {f.get('torch', '?')} (CUDA {f.get('torch_cuda')})"
         if "free_gib" in f:
             s += f", {f['free_gib']} of {f['total_gib']} GiB free"
+        if card := f.get("card"):
+            s += f", {card['sms']} SMs, {card.get('peak_tbps')} TB/s peak"
         return s + ("" if f.get("hypothesis") else ", no hypothesis")
     if name == "build":
         return f"native={f.get('native')} cuda={f.get('cuda')} archs={','.join(f.get('cuda_archs', []))}" + (

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 KiB = 1024
 MiB = 1 << 20
@@ -111,7 +112,7 @@ SASS_TOTALS = {"rows": 15552, "save_heads": 8144, "cols_staged": 19088, "cols_di
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
     "sms": 132, "smem_per_sm_kib": 228, "clock_ghz": 1.98, "schedulers": 4,
-    "hbm_tbps": 4.8,      # peak; not used in the time, printed beside the copy
+    "hbm_tbps": 4.8,      # peak: printed beside the copy; another card's copy scales by its peak over this
     "copy_tbps": 4.3,     # device copy, read + write: ~90 % of peak, what a D2D copy reaches on HBM3e
     "latency_us": 0.7,    # DRAM load latency under load: 600-800 ns on Hopper (microbenchmarks)
     "copy_latency_us": 0.7,  # a copy kernel's first bytes: the same latency
@@ -138,16 +139,21 @@ def parse_args(argv=None):
     d.add_argument("--figures", choices=tuple(FIGURE_SETS), default="measured",
                    help="defaults for bandwidth, launch, latency and issue rate: " +
                         "; ".join(f"{k}: {v}" for k, v in FIGURE_SETS.items()))
-    d.add_argument("--sms", type=int, default=H200["sms"], help="SMs")
-    d.add_argument("--smem-per-sm-kib", type=int, default=H200["smem_per_sm_kib"], help="shared memory per SM")
+    d.add_argument("--card", metavar="JSON",
+                   help="the card a device run was on (gpu_check's gpu.json, or bench_load_time.py's --json): its "
+                        "SMs, shared memory, clock and memory peak in place of the H200's, and the copy's "
+                        "bandwidth scaled by its peak over the H200's (bench/card.py)")
+    d.add_argument("--sms", type=int, help="SMs")
+    d.add_argument("--smem-per-sm-kib", type=int, help="shared memory per SM")
     d.add_argument("--smem-reserved-per-cta", type=int, default=1024, help="bytes the runtime keeps per CTA")
     d.add_argument("--regs-per-sm", type=int, default=64 * 1024)
     d.add_argument("--threads-per-sm", type=int, default=2048)
     d.add_argument("--max-ctas-per-sm", type=int, default=32)
-    d.add_argument("--clock-ghz", type=float, default=H200["clock_ghz"], help="SM clock (boost)")
+    d.add_argument("--clock-ghz", type=float, help="SM clock (boost)")
     d.add_argument("--schedulers", type=int, default=H200["schedulers"], help="warp schedulers per SM")
     d.add_argument("--ipc", type=float, default=None, help="instructions a scheduler issues a clock")
-    d.add_argument("--hbm-tbps", type=float, default=H200["hbm_tbps"], help="HBM peak (printed only)")
+    d.add_argument("--hbm-tbps", type=float,
+                   help="HBM peak (printed; the copy's default bandwidth scales by it over the H200's 4.8)")
     d.add_argument("--copy-tbps", type=float, default=None,
                    help="device-to-device copy bandwidth, read and write bytes both counted (TB/s)")
     d.add_argument("--latency-us", type=float, default=None,
@@ -191,11 +197,47 @@ def parse_args(argv=None):
     p.add_argument("--fit-evals", type=int, default=120,
                    help="most evaluations a fit (--measured, --sweep) makes; few only to exercise the plumbing")
     args = p.parse_args(argv)
-    chosen = H200_MEASURED if args.figures == "measured" else H200
+    apply_figures(args)
+    return args
+
+
+def apply_figures(args):
+    """Fills each device figure no flag gave: from the card (--card, else
+    the one --measured's run recorded) where it has it, else the H200's;
+    the figure set's bandwidth, launch, latency and issue rate (both sets
+    were taken on an H200), the copy's bandwidth scaled by the card's memory
+    peak over the H200's. Every card the device tool lends has the same
+    Hopper SM, so the rest carries over."""
+    card = {}
+    if args.card:
+        card = find_card(args.card)
+        if card is None:
+            sys.exit(f"gpu_model: {args.card} names no CUDA card (no 'card' with its SMs)")
+    elif args.measured:
+        card = find_card(args.measured) or {}
+    args.card_name = card.get("name", "H200 (no card given)")
+    for k, card_key in (("sms", "sms"), ("smem_per_sm_kib", "smem_per_sm_kib"), ("clock_ghz", "clock_ghz"),
+                        ("hbm_tbps", "peak_tbps")):
+        if getattr(args, k) is None:
+            setattr(args, k, card.get(card_key) or H200[k])
+    chosen = dict(H200_MEASURED if args.figures == "measured" else H200)
+    chosen["copy_tbps"] *= args.hbm_tbps / H200["hbm_tbps"]
     for k in H200_MEASURED:
         if getattr(args, k) is None:
             setattr(args, k, chosen[k])
-    return args
+
+
+def find_card(path):
+    """The card a gpu.json or bench.json recorded (gpu_check.json: the
+    gpu.json beside it), or None."""
+    from card import card_in  # bench/card.py
+
+    with open(path) as f:
+        doc = json.load(f)
+    beside = os.path.join(os.path.dirname(path), "gpu.json")
+    if card_in(doc) is None and isinstance(doc, dict) and "steps" in doc and os.path.exists(beside):
+        return find_card(beside)
+    return card_in(doc)
 
 
 # --------------------------------------------------------------------------- SASS: instructions per item
@@ -928,8 +970,9 @@ COMPONENTS = ("launch", "latency", "dram", "idle", "issue", "serialisation", "ba
 def print_table(args, records, sources):
     fig = figures(args)
     need = fig["bw"] / 2 * fig["latency"]  # Little's law: reads in flight for full bandwidth
-    print(f"device: {args.sms} SMs at {args.clock_ghz} GHz, {args.schedulers} schedulers x {args.ipc} instr/clk, "
-          f"{args.smem_per_sm_kib} KiB shared memory; copy {args.copy_tbps} TB/s (read + write; HBM peak "
+    print(f"device: {args.card_name}, {args.sms} SMs at {args.clock_ghz} GHz, {args.schedulers} schedulers x "
+          f"{args.ipc} instr/clk, "
+          f"{args.smem_per_sm_kib} KiB shared memory; copy {args.copy_tbps:.4g} TB/s (read + write; HBM peak "
           f"{args.hbm_tbps}), latency {args.latency_us} us, launch {args.launch_us} us, {args.tile_cycles:g} "
           f"cycles a tile [{args.figures}: {FIGURE_SETS[args.figures]}; flags override]")
     for name, src in sources.items():
@@ -1165,7 +1208,7 @@ def compare_measured(args, loops, regs, C):
         return {}, []
     fig = figures(args)
     records = model_cases(args, fig, loops, regs, C, ops)
-    print(f"measured: {args.measured}")
+    print(f"measured: {args.measured} (card: {args.card_name})")
     print(f"{'op':14} {'TP':>2} {'pred us':>8} {'meas us':>8} {'pred frac':>9} {'meas frac':>9}")
     for r in records:
         m = rows.get((r["op"], r["tp"], "native"))
@@ -1302,13 +1345,14 @@ def main(argv=None):
         result = compare_sweep(args, loops, regs, _ops._C)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"sweep": args.sweep, **result}, f, indent=2)
+                json.dump({"sweep": args.sweep, "card": args.card_name, **result}, f, indent=2)
         return 0
     if args.measured:
         fitted, scaling = compare_measured(args, loops, regs, _ops._C)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"measured": args.measured, "fitted": fitted, "scaling": scaling}, f, indent=2)
+                json.dump({"measured": args.measured, "card": args.card_name, "fitted": fitted, "scaling": scaling},
+                          f, indent=2)
         return 0
     records = model_cases(args, figures(args), loops, regs, _ops._C)
     print_table(args, records, {"registers per thread": f"{regs} [{reg_source}]",

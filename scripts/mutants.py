@@ -306,6 +306,16 @@ MUTANTS = [
       'round(max(launch.get("sm_active_max", 0.0) / launch.get("sm_active_avg", 1.0) for launch in launches), 3)',
       ["tests/test_gpu_model.py::test_ncu_reports_are_read_per_launch_and_per_plan"],
       "the busiest SM's share taken per launch, not over the launches' cycles"),
+    M("model-ignores-card-sms", "bench/gpu_model.py",
+      '(("sms", "sms"), ("smem_per_sm_kib", "smem_per_sm_kib"), ',
+      '(("smem_per_sm_kib", "smem_per_sm_kib"), ',
+      ["tests/test_card.py"],
+      "the model plans an H100 PCIe's launches for the H200's 132 SMs"),
+    M("model-copy-unscaled", "bench/gpu_model.py",
+      'chosen["copy_tbps"] *= args.hbm_tbps / H200["hbm_tbps"]',
+      'chosen["copy_tbps"] *= 1.0',
+      ["tests/test_card.py"],
+      "another card's copy predicted at the H200's bandwidth"),
 ]
 
 

@@ -1,0 +1,155 @@
+"""bench/card.py (the CUDA card a run is on) and how the benchmark, the
+device check and the performance model use it. No GPU needed: the cards are
+built from what a runtime would report."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import flashmla_perm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import card as card_mod  # noqa: E402
+
+MODEL = os.path.join(ROOT, "bench", "gpu_model.py")
+needs_native = pytest.mark.skipif(not flashmla_perm.build_info()["native"],
+                                  reason="native module not loaded (gpu_launches)")
+SMEM, L2, TOTAL = 233472, 50 * 2**20, 80 * 10**9
+
+
+def make_card(name, sms, mem_khz=0, bus_bits=0, sm_khz=0):
+    return card_mod.card_figures(name, sms, SMEM, L2, TOTAL, sm_khz, mem_khz, bus_bits)
+
+
+def test_a_known_card_takes_the_data_sheet_and_keeps_the_runtimes_sms():
+    pcie = make_card("NVIDIA H100 PCIe", 114, mem_khz=1_593_000, bus_bits=5120)
+    assert (pcie["sms"], pcie["peak_tbps"], pcie["clock_ghz"]) == (114, 2.0, 1.755)
+    assert pcie["source"] == "data sheet by name" and pcie["smem_per_sm_kib"] == 228
+    assert pcie["runtime_peak_tbps"] == pytest.approx(2 * 1.593e9 * 640 / 1e12, abs=1e-3)
+    # The SXM5 part is named by its memory; the more specific names win.
+    assert make_card("NVIDIA H100 80GB HBM3", 132)["peak_tbps"] == 3.35
+    assert make_card("NVIDIA H100 NVL", 132)["peak_tbps"] == 3.9
+    assert make_card("NVIDIA H200", 132)["peak_tbps"] == 4.8
+    # A part with SMs fused off: the runtime's count is what the kernels get.
+    odd = make_card("NVIDIA H100 80GB HBM3", 120)
+    assert odd["sms"] == 120 and "132" in odd["source"]
+
+
+def test_an_unknown_card_takes_the_runtimes_clocks_or_none():
+    c = make_card("NVIDIA Something Else", 100, mem_khz=1_000_000, bus_bits=4096, sm_khz=1_500_000)
+    assert c["source"] == "runtime"
+    assert c["peak_tbps"] == pytest.approx(2 * 1e9 * 4096 / 8 / 1e12)  # DDR: two transfers a clock
+    assert c["clock_ghz"] == 1.5
+    blind = make_card("NVIDIA Something Else", 100)
+    assert blind["peak_tbps"] is None and blind["clock_ghz"] is None and "runtime_peak_tbps" not in blind
+
+
+def test_card_in_reads_only_a_card():
+    c = make_card("NVIDIA H200", 132)
+    assert card_mod.card_in({"card": c}) == c
+    assert card_mod.card_in({"card": None}) is None and card_mod.card_in({}) is None and card_mod.card_in([]) is None
+
+
+def run_model(tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, MODEL, "--json", str(out), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, json.loads(out.read_text())
+
+
+def write_card(tmp_path, c):
+    path = tmp_path / f"gpu_{c['sms']}_{c['peak_tbps']}.json"
+    path.write_text(json.dumps({"name": c["name"], "card": c}))
+    return str(path)
+
+
+@needs_native
+def test_the_model_plans_and_predicts_for_the_card_it_is_given(tmp_path):
+    ops = ("--ops", "wq_b,wo_a")
+    _, none = run_model(tmp_path, "none", *ops)
+    _, h200 = run_model(tmp_path, "h200", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H200", 132)))
+    out, pcie = run_model(tmp_path, "pcie", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H100 PCIe", 114)))
+    assert "NVIDIA H100 PCIe, 114 SMs at 1.755 GHz" in out
+    # The H200's card is the model's own defaults.
+    assert [r["predicted_us"] for r in h200] == [r["predicted_us"] for r in none]
+    for a, b in zip(none, pcie):
+        assert b["inputs"]["sms"] == 114 and b["inputs"]["hbm_tbps"] == 2.0
+        # The copy's bytes move at the H200 fit's bandwidth scaled by the peaks.
+        fixed = 1.205 + 0.7  # launch + copy latency (us)
+        assert (b["copy_us"] - fixed) / (a["copy_us"] - fixed) == pytest.approx(4.8 / 2.0, rel=1e-9)
+        for launch in b["launch_details"]:
+            assert launch["grid"] <= 114 * launch["ctas_per_sm"], launch
+    # The SM count reaches the planner: some H200 grid does not fit 114 SMs.
+    assert any(l["grid"] > 114 * l["ctas_per_sm"] for r in none for l in r["launch_details"])
+
+
+@needs_native
+def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
+    pcie = make_card("NVIDIA H100 PCIe", 114)
+    rows = [{"device": "cuda", "kind": kind, "tp": tp, "backend": backend, "device_ms_per_layer": ms,
+             "x_copy_device": ms / copy}
+            for kind in ("wq_b", "wo_a") for tp in (1, 2) for backend, ms, copy in
+            (("native", 0.05 / tp, 0.045 / tp), ("copy", 0.045 / tp, 0.045 / tp))]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"card": pcie, "rows": rows}))
+    out, fit = run_model(tmp_path, "fit", "--measured", str(bench), "--ops", "wq_b,wo_a", "--fit-evals", "4")
+    assert "(card: NVIDIA H100 PCIe)" in out and fit["card"] == "NVIDIA H100 PCIe"
+    # A gpu_check.json finds the card in the gpu.json beside it.
+    (tmp_path / "gpu.json").write_text(json.dumps({"card": pcie}))
+    (tmp_path / "gpu_check.json").write_text(json.dumps({"steps": []}))
+    model = load_model()
+    args = model.parse_args(["--measured", str(tmp_path / "gpu_check.json")])
+    assert (args.card_name, args.sms, args.hbm_tbps) == ("NVIDIA H100 PCIe", 114, 2.0)
+
+
+def load_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_model", MODEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flags_override_the_card_and_a_file_without_one_is_refused(tmp_path):
+    model = load_model()
+    path = write_card(tmp_path, make_card("NVIDIA H100 PCIe", 114))
+    args = model.parse_args(["--card", path, "--sms", "100", "--copy-tbps", "1.5"])
+    assert (args.sms, args.copy_tbps, args.clock_ghz) == (100, 1.5, 1.755)
+    args = model.parse_args(["--card", path, "--figures", "stated"])
+    assert args.copy_tbps == pytest.approx(model.H200["copy_tbps"] * 2.0 / 4.8)
+    empty = tmp_path / "nocard.json"
+    empty.write_text(json.dumps({"name": "cpu (dry run)"}))
+    with pytest.raises(SystemExit, match="nocard.json names no CUDA card"):
+        model.parse_args(["--card", str(empty)])
+
+
+def test_the_device_checks_model_step_passes_the_card_on_a_device(tmp_path):
+    import gpu_check
+
+    (tmp_path / "gpu.json").write_text(json.dumps({"card": make_card("NVIDIA H100 80GB HBM3", 132)}))
+    calls = []
+    step = types.SimpleNamespace(python=lambda *a, **k: calls.append(a))
+    for dry in (False, True):
+        calls.clear()
+        gpu_check.step_model(types.SimpleNamespace(dry=dry, path=lambda n: str(tmp_path / n)), step)
+        (model_call,) = calls
+        assert ("--card" in model_call) != dry, model_call
+    assert model_call[0] == "bench/gpu_model.py"
+    text = gpu_check.short("gpu", {"name": "NVIDIA H100 80GB HBM3", "card": make_card("NVIDIA H100 80GB HBM3", 132)})
+    assert "132 SMs, 3.35 TB/s peak" in text
+
+
+def test_the_benchmark_names_its_machine(tmp_path):
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_load_time.py"), "--devices", "cpu",
+                    "--kinds", "wo_a", "--layers", "1", "--reps", "1", "--no-memory", "--backends", "native,copy",
+                    "--json", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    doc = json.loads(out.read_text())
+    assert doc["cpu"] and doc["card"] is None  # a CPU run: no card
