@@ -7,25 +7,40 @@ figure a run reports names its card, and the model takes the card's SMs,
 shared memory, clock and memory peak from here (`gpu_model.py --card`)
 instead of the H200's.
 
-The runtime reports SMs, shared memory and L2 exactly. Its clocks are less
-sure (CUDA 13 dropped cudaDeviceProp's clock fields; torch may report 0),
-so the SM clock and the memory peak come from the data sheet where the
-card's name is known, and from the runtime's memory clock x bus width
-otherwise; `source` says which.
+The runtime reports SMs, shared memory and L2 exactly, and a memory clock
+and bus width whose product is the memory's peak. The SM clock and the peak
+are taken from the data sheet where the card's name is known and the
+runtime's peak agrees with it, since the data sheet is what the model's
+H200 figures were scaled against; otherwise from the runtime. `source`
+says which.
 """
 
-# Data-sheet figures by a name the driver reports (substring, most specific
-# first): SMs, boost SM clock (GHz), memory peak (TB/s).
+import re
+
+# Data-sheet figures by the model in the name the driver reports ("NVIDIA
+# H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200 NVL"), most specific
+# first: SMs, boost SM clock (GHz), memory peak (TB/s).
 DATA_SHEET = (
+    ("H200 NVL", {"sms": 132, "clock_ghz": 1.785, "peak_tbps": 4.8}),
     ("H200", {"sms": 132, "clock_ghz": 1.98, "peak_tbps": 4.8}),
     ("H100 NVL", {"sms": 132, "clock_ghz": 1.785, "peak_tbps": 3.9}),
     ("H100 PCIe", {"sms": 114, "clock_ghz": 1.755, "peak_tbps": 2.0}),
-    ("H100", {"sms": 132, "clock_ghz": 1.98, "peak_tbps": 3.35}),  # SXM5: "NVIDIA H100 80GB HBM3"
+    ("H100", {"sms": 132, "clock_ghz": 1.98, "peak_tbps": 3.35}),  # SXM5, 80 GB
 )
+# A runtime peak this far from the data sheet's is another part under the
+# same name (an H100 with 94 GB, a GH200 were its name to match): the
+# runtime's figures then. The H200's own runtime figure is 2.4 % over.
+AGREE = 0.10
+
+
+def model_in(key, name):
+    """`key` as the model in `name`: "H200" is in "NVIDIA H200 NVL" but not
+    in "NVIDIA GH200 480GB" or "NVIDIA H2000"."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name or "") is not None
 
 
 def data_sheet(name):
-    return next((dict(fig) for key, fig in DATA_SHEET if key in (name or "")), None)
+    return next((dict(fig) for key, fig in DATA_SHEET if model_in(key, name)), None)
 
 
 def card_figures(name, sms, smem_per_sm, l2_bytes, total_bytes, sm_clock_khz=0, mem_clock_khz=0, bus_bits=0):
@@ -35,16 +50,21 @@ def card_figures(name, sms, smem_per_sm, l2_bytes, total_bytes, sm_clock_khz=0, 
            "l2_mib": round(l2_bytes / 2**20, 1), "total_gib": round(total_bytes / 2**30, 1)}
     # DDR: two transfers a memory clock, bus_bits / 8 bytes each.
     runtime_peak = 2 * mem_clock_khz * 1e3 * bus_bits / 8 / 1e12 if mem_clock_khz and bus_bits else None
-    sheet = data_sheet(name)
-    if sheet:
-        fig.update(clock_ghz=sheet["clock_ghz"], peak_tbps=sheet["peak_tbps"], source="data sheet by name")
-        if sheet["sms"] != sms:
-            fig["source"] += f" (it says {sheet['sms']} SMs; the runtime's {sms} kept)"
-    else:
-        fig.update(clock_ghz=round(sm_clock_khz / 1e6, 3) if sm_clock_khz else None,
-                   peak_tbps=round(runtime_peak, 3) if runtime_peak else None, source="runtime")
     if runtime_peak:
         fig["runtime_peak_tbps"] = round(runtime_peak, 3)
+    runtime = {"clock_ghz": round(sm_clock_khz / 1e6, 3) if sm_clock_khz else None,
+               "peak_tbps": fig.get("runtime_peak_tbps"), "source": "runtime"}
+    sheet = data_sheet(name)
+    if sheet is None:
+        fig.update(runtime)
+        return fig
+    if runtime_peak and abs(runtime_peak / sheet["peak_tbps"] - 1) > AGREE:
+        fig.update(runtime)
+        fig["source"] += f" (its peak is not the data sheet's {sheet['peak_tbps']} TB/s for this name)"
+        return fig
+    fig.update(clock_ghz=sheet["clock_ghz"], peak_tbps=sheet["peak_tbps"], source="data sheet by name")
+    if sheet["sms"] != sms:
+        fig["source"] += f" (it says {sheet['sms']} SMs; the runtime's {sms} kept)"
     return fig
 
 
@@ -54,13 +74,19 @@ def cuda_card(index=0):
 
     if not torch.cuda.is_available():
         return None
-    p = torch.cuda.get_device_properties(index)
-    return card_figures(p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor,
-                        getattr(p, "L2_cache_size", 0), p.total_memory, getattr(p, "clock_rate", 0),
-                        getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0))
+    with torch.cuda.device(index):  # some torch builds read the current device's attributes
+        p = torch.cuda.get_device_properties(index)
+    return card_figures(p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor, p.L2_cache_size,
+                        p.total_memory, p.clock_rate, p.memory_clock_rate, p.memory_bus_width)
 
 
 def card_in(doc):
-    """The card a JSON document (gpu.json, bench.json) recorded, or None."""
-    card = doc.get("card") if isinstance(doc, dict) else None
+    """The card a JSON document recorded, or None: gpu.json and bench.json
+    at the top, gpu_check.json in its gpu step's figures."""
+    if not isinstance(doc, dict):
+        return None
+    card = doc.get("card")
+    if card is None:
+        gpu = next((s for s in doc.get("steps", []) if isinstance(s, dict) and s.get("name") == "gpu"), {})
+        card = (gpu.get("figures") or {}).get("card")
     return card if isinstance(card, dict) and card.get("sms") else None

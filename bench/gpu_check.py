@@ -314,11 +314,15 @@ def gpu_info(path):
     if torch.cuda.is_available():
         caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
         free, total = torch.cuda.mem_get_info()
-        from card import cuda_card  # bench/card.py: the figures the model's step plans with
-
         info.update(name=torch.cuda.get_device_name(0), devices=torch.cuda.device_count(),
                     arch=";".join(f"{a}.{b}" for a, b in caps),
-                    free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1), card=cuda_card(0))
+                    free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
+        from card import cuda_card  # bench/card.py: the figures the model's step plans with
+
+        try:  # no card costs the model's figures, not the run
+            info["card"] = cuda_card(0)
+        except Exception as e:  # noqa: BLE001 (a torch without one of its attributes)
+            info["card_error"] = f"{type(e).__name__}: {e}"
     elif dry:
         info.update(name="cpu (dry run)", arch="none")
     print(json.dumps(info))
@@ -458,7 +462,7 @@ def step_model(cfg, step):
         pass
     # On a device, its card: SMs, shared memory, clock, memory peak (an H100's
     # are not the H200's the model's defaults were fitted on).
-    card = ["--card", cfg.path("gpu.json")] if not cfg.dry and os.path.exists(cfg.path("gpu.json")) else []
+    card = ["--card", cfg.path("gpu.json")] if (load_json(cfg.path("gpu.json")) or {}).get("card") else []
     inputs = log + card
     step.python("bench/gpu_model.py", "--json", cfg.path("model.json"), *inputs)
     # The benchmark's device rows beside the prediction, and the latency,
@@ -967,6 +971,8 @@ def short(name, f):
             s += f", {f['free_gib']} of {f['total_gib']} GiB free"
         if card := f.get("card"):
             s += f", {card['sms']} SMs, {card.get('peak_tbps')} TB/s peak"
+        elif "card_error" in f:
+            s += f", no card figures ({f['card_error']}): the model assumed the H200's"
         return s + ("" if f.get("hypothesis") else ", no hypothesis")
     if name == "build":
         return f"native={f.get('native')} cuda={f.get('cuda')} archs={','.join(f.get('cuda_archs', []))}" + (

@@ -129,6 +129,7 @@ H200 = {
 # the benchmark's copies, and the load latency a tile sees and the issue rate
 # that best explain the kernels' device times. The default since that run.
 H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753, "memory": "fifo"}
+H200_RUNTIME_PEAK_TBPS = 2 * 3.201e9 * 6144 / 8 / 1e12  # 4.917: the runtime's clock x bus, not the data sheet's
 FIGURE_SETS = {"measured": "fitted to the H200 run of 2026-12-04",
                "stated": "data sheet and microbenchmarks, before any device run"}
 
@@ -203,41 +204,49 @@ def parse_args(argv=None):
 
 def apply_figures(args):
     """Fills each device figure no flag gave: from the card (--card, else
-    the one --measured's run recorded) where it has it, else the H200's;
-    the figure set's bandwidth, launch, latency and issue rate (both sets
-    were taken on an H200), the copy's bandwidth scaled by the card's memory
-    peak over the H200's. Every card the device tool lends has the same
-    Hopper SM, so the rest carries over."""
+    the one a --measured or --sweep run recorded) where it has it, else the
+    H200's; the figure set's bandwidth, launch, latency and issue rate (both
+    sets were taken on an H200), the copy's bandwidth scaled by the card's
+    memory peak over the H200's. Every card the device tool lends has the
+    same Hopper SM, so the rest carries over."""
     card = {}
     if args.card:
         card = find_card(args.card)
         if card is None:
             sys.exit(f"gpu_model: {args.card} names no CUDA card (no 'card' with its SMs)")
-    elif args.measured:
-        card = find_card(args.measured) or {}
+    elif args.measured or args.sweep:
+        card = find_card(args.measured or args.sweep) or {}
     args.card_name = card.get("name", "H200 (no card given)")
+    assumed = []
     for k, card_key in (("sms", "sms"), ("smem_per_sm_kib", "smem_per_sm_kib"), ("clock_ghz", "clock_ghz"),
                         ("hbm_tbps", "peak_tbps")):
         if getattr(args, k) is None:
             setattr(args, k, card.get(card_key) or H200[k])
+            if card and not card.get(card_key):
+                assumed.append(f"{k} {H200[k]}")
+    if assumed:  # said where the figures are printed and recorded
+        args.card_name += f" (not known, the H200's assumed: {', '.join(assumed)})"
+    # Peaks compare on one footing: a card's from the runtime against the
+    # H200's from the runtime (2 x its 3201 MHz x 6144 bits, the first run).
+    runtime_peak = card.get("source", "").startswith("runtime") and args.hbm_tbps == card.get("peak_tbps")
     chosen = dict(H200_MEASURED if args.figures == "measured" else H200)
-    chosen["copy_tbps"] *= args.hbm_tbps / H200["hbm_tbps"]
+    chosen["copy_tbps"] *= args.hbm_tbps / (H200_RUNTIME_PEAK_TBPS if runtime_peak else H200["hbm_tbps"])
     for k in H200_MEASURED:
         if getattr(args, k) is None:
             setattr(args, k, chosen[k])
 
 
 def find_card(path):
-    """The card a gpu.json or bench.json recorded (gpu_check.json: the
+    """The card a gpu.json, bench.json or gpu_check.json recorded (or the
     gpu.json beside it), or None."""
     from card import card_in  # bench/card.py
 
     with open(path) as f:
-        doc = json.load(f)
-    beside = os.path.join(os.path.dirname(path), "gpu.json")
-    if card_in(doc) is None and isinstance(doc, dict) and "steps" in doc and os.path.exists(beside):
+        card = card_in(json.load(f))
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "gpu.json")
+    if card is None and os.path.basename(path) != "gpu.json" and os.path.exists(beside):
         return find_card(beside)
-    return card_in(doc)
+    return card
 
 
 # --------------------------------------------------------------------------- SASS: instructions per item

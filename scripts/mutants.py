@@ -307,15 +307,20 @@ MUTANTS = [
       ["tests/test_gpu_model.py::test_ncu_reports_are_read_per_launch_and_per_plan"],
       "the busiest SM's share taken per launch, not over the launches' cycles"),
     M("model-ignores-card-sms", "bench/gpu_model.py",
-      '(("sms", "sms"), ("smem_per_sm_kib", "smem_per_sm_kib"), ',
-      '(("smem_per_sm_kib", "smem_per_sm_kib"), ',
+      'setattr(args, k, card.get(card_key) or H200[k])',
+      'setattr(args, k, H200[k] if k == "sms" else (card.get(card_key) or H200[k]))',
       ["tests/test_card.py"],
       "the model plans an H100 PCIe's launches for the H200's 132 SMs"),
     M("model-copy-unscaled", "bench/gpu_model.py",
-      'chosen["copy_tbps"] *= args.hbm_tbps / H200["hbm_tbps"]',
+      'chosen["copy_tbps"] *= args.hbm_tbps / (H200_RUNTIME_PEAK_TBPS if runtime_peak else H200["hbm_tbps"])',
       'chosen["copy_tbps"] *= 1.0',
       ["tests/test_card.py"],
       "another card's copy predicted at the H200's bandwidth"),
+    M("card-substring-match", "bench/card.py",
+      'return re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name or "") is not None',
+      'return key in (name or "")',
+      ["tests/test_card.py"],
+      "a GH200 or an H800 PCIe takes the data sheet of the H200 or the H100 its name contains"),
 ]
 
 

@@ -60,3 +60,18 @@ def test_copy_writes_each_layer_into_buffers_of_its_own(kind, monkeypatch):
                 assert all(torch.equal(d, bench.as_bytes(t)) for d, t in zip(own[id(layer)], layer)), name
     ptrs = [b.data_ptr() for bufs in [*own.values(), shared] for b in bufs]
     assert len(set(ptrs)) == len(ptrs) == 8
+
+
+def test_the_device_check_and_the_model_ask_for_the_benchmarks_baselines():
+    # Three files name them (gpu_check runs without torch, so it cannot
+    # import the benchmark): a baseline added to one alone would be timed
+    # and never read, or asked for and never timed.
+    import importlib.util
+
+    import gpu_check
+
+    spec = importlib.util.spec_from_file_location("gpu_model", os.path.join(os.path.dirname(bench.__file__),
+                                                                            "gpu_model.py"))
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert gpu_check.BENCH_BASELINES == model.BASELINES == bench.BASELINES

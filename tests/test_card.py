@@ -2,6 +2,7 @@
 device check and the performance model use it. No GPU needed: the cards are
 built from what a runtime would report."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -35,6 +36,16 @@ def test_a_known_card_takes_the_data_sheet_and_keeps_the_runtimes_sms():
     assert make_card("NVIDIA H100 80GB HBM3", 132)["peak_tbps"] == 3.35
     assert make_card("NVIDIA H100 NVL", 132)["peak_tbps"] == 3.9
     assert make_card("NVIDIA H200", 132)["peak_tbps"] == 4.8
+    assert make_card("NVIDIA H200 NVL", 132)["clock_ghz"] == 1.785
+    # A name only containing a known model is another part: the runtime's figures.
+    for other in ("NVIDIA GH200 480GB", "NVIDIA H800", "NVIDIA H20", "NVIDIA H2000"):
+        assert make_card(other, 132, mem_khz=2_619_000, bus_bits=5120)["source"] == "runtime", other
+    # A known name whose memory is not the data sheet's (an H100 with 94 GB):
+    # the runtime's peak, and the reason.
+    big = make_card("NVIDIA H100 80GB HBM3", 132, mem_khz=3_000_000, bus_bits=6144)
+    assert big["peak_tbps"] == pytest.approx(4.608) and "not the data sheet's 3.35" in big["source"]
+    # The H200's own runtime peak (3201 MHz, 6144 bits) is 2.4 % over 4.8: the data sheet's.
+    assert make_card("NVIDIA H200", 132, mem_khz=3_201_000, bus_bits=6144)["peak_tbps"] == 4.8
     # A part with SMs fused off: the runtime's count is what the kernels get.
     odd = make_card("NVIDIA H100 80GB HBM3", 120)
     assert odd["sms"] == 120 and "132" in odd["source"]
@@ -52,7 +63,24 @@ def test_an_unknown_card_takes_the_runtimes_clocks_or_none():
 def test_card_in_reads_only_a_card():
     c = make_card("NVIDIA H200", 132)
     assert card_mod.card_in({"card": c}) == c
+    assert card_mod.card_in({"steps": [{"name": "gpu", "figures": {"card": c}}]}) == c  # gpu_check.json
     assert card_mod.card_in({"card": None}) is None and card_mod.card_in({}) is None and card_mod.card_in([]) is None
+
+
+def test_cuda_card_reads_what_torch_reports(monkeypatch):
+    torch = pytest.importorskip("torch")
+    props = types.SimpleNamespace(name="NVIDIA H100 PCIe", multi_processor_count=114,
+                                  shared_memory_per_multiprocessor=SMEM, L2_cache_size=L2, total_memory=TOTAL,
+                                  clock_rate=1_755_000, memory_clock_rate=1_593_000, memory_bus_width=5120)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    assert card_mod.cuda_card(0) == make_card("NVIDIA H100 PCIe", 114, 1_593_000, 5120, 1_755_000)
+    # Every attribute it reads is one torch's properties have (a CUDA build of torch).
+    cls = getattr(torch._C, "_CudaDeviceProperties", None)
+    if cls is None:
+        pytest.skip("this torch has no CUDA device properties")
+    assert all(hasattr(cls, a) for a in vars(props)), [a for a in vars(props) if not hasattr(cls, a)]
 
 
 def run_model(tmp_path, name, *args):
@@ -89,6 +117,18 @@ def test_the_model_plans_and_predicts_for_the_card_it_is_given(tmp_path):
     assert any(l["grid"] > 114 * l["ctas_per_sm"] for r in none for l in r["launch_details"])
 
 
+def test_a_figure_the_card_lacks_is_the_h200s_and_said_so(tmp_path):
+    model = load_model()
+    blind = write_card(tmp_path, make_card("NVIDIA H800", 132))  # no clocks from the runtime
+    args = model.parse_args(["--card", blind])
+    assert (args.hbm_tbps, args.clock_ghz, args.copy_tbps) == (4.8, 1.98, model.H200_MEASURED["copy_tbps"])
+    assert "not known, the H200's assumed: clock_ghz 1.98, hbm_tbps 4.8" in args.card_name
+    # A runtime peak scales against the H200's runtime peak, not its data sheet's.
+    seen = write_card(tmp_path, make_card("NVIDIA H800", 132, mem_khz=2_619_000, bus_bits=5120))
+    args = model.parse_args(["--card", seen])
+    assert args.copy_tbps == pytest.approx(model.H200_MEASURED["copy_tbps"] * 3.352 / 4.917, rel=1e-3)
+
+
 @needs_native
 def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
     pcie = make_card("NVIDIA H100 PCIe", 114)
@@ -106,6 +146,16 @@ def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
     model = load_model()
     args = model.parse_args(["--measured", str(tmp_path / "gpu_check.json")])
     assert (args.card_name, args.sms, args.hbm_tbps) == ("NVIDIA H100 PCIe", 114, 2.0)
+    (tmp_path / "sweep.json").write_text("{}")
+    args = model.parse_args(["--sweep", str(tmp_path / "sweep.json")])  # the sweep's too
+    assert args.sms == 114
+    # --card wins over the card the run recorded.
+    h200 = write_card(tmp_path, make_card("NVIDIA H200", 132))
+    args = model.parse_args(["--measured", str(bench), "--card", h200])
+    assert (args.card_name, args.sms) == ("NVIDIA H200", 132)
+    # A gpu.json without a card does not look for itself beside itself.
+    (tmp_path / "gpu.json").write_text(json.dumps({"steps": []}))
+    assert model.find_card(str(tmp_path / "gpu.json")) is None
 
 
 def load_model():
@@ -130,18 +180,22 @@ def test_flags_override_the_card_and_a_file_without_one_is_refused(tmp_path):
         model.parse_args(["--card", str(empty)])
 
 
-def test_the_device_checks_model_step_passes_the_card_on_a_device(tmp_path):
+def test_the_device_checks_model_step_passes_the_card_it_recorded(tmp_path):
     import gpu_check
 
-    (tmp_path / "gpu.json").write_text(json.dumps({"card": make_card("NVIDIA H100 80GB HBM3", 132)}))
+    for name in ("bench.json", "sweep.json"):
+        (tmp_path / name).write_text("{}")
     calls = []
     step = types.SimpleNamespace(python=lambda *a, **k: calls.append(a))
-    for dry in (False, True):
+    cfg = types.SimpleNamespace(dry=False, path=lambda n: str(tmp_path / n))
+    for gpu in ({"card": make_card("NVIDIA H100 80GB HBM3", 132)}, {"card_error": "AttributeError"}, {}):
+        (tmp_path / "gpu.json").write_text(json.dumps(gpu))
         calls.clear()
-        gpu_check.step_model(types.SimpleNamespace(dry=dry, path=lambda n: str(tmp_path / n)), step)
-        (model_call,) = calls
-        assert ("--card" in model_call) != dry, model_call
-    assert model_call[0] == "bench/gpu_model.py"
+        gpu_check.step_model(cfg, step)
+        assert [c[1] for c in calls] == ["--json", "--measured", "--sweep"] and calls[0][0] == "bench/gpu_model.py"
+        for call in calls:  # the prediction, the fit to the bench and to the sweep: all for the card, or none
+            assert (call[-2:] == ("--card", str(tmp_path / "gpu.json"))) == ("card" in gpu), (gpu, call)
+    assert "the model assumed the H200's" in gpu_check.short("gpu", {"card_error": "AttributeError: x"})
     text = gpu_check.short("gpu", {"name": "NVIDIA H100 80GB HBM3", "card": make_card("NVIDIA H100 80GB HBM3", 132)})
     assert "132 SMs, 3.35 TB/s peak" in text
 
