@@ -68,6 +68,11 @@ def card_figures(name, sms, smem_per_sm, l2_bytes, total_bytes, sm_clock_khz=0, 
     return fig
 
 
+REQUIRED_PROPERTIES = ("name", "multi_processor_count", "shared_memory_per_multiprocessor", "L2_cache_size",
+                       "total_memory")
+OPTIONAL_PROPERTIES = ("clock_rate", "memory_clock_rate", "memory_bus_width")  # card_figures' order
+
+
 def cuda_card(index=0):
     """The figures of CUDA device `index`, or None without one."""
     import torch
@@ -76,8 +81,11 @@ def cuda_card(index=0):
         return None
     with torch.cuda.device(index):  # some torch builds read the current device's attributes
         p = torch.cuda.get_device_properties(index)
+    # The clocks and the bus width are newer than torch 2.9 (the oldest this
+    # project supports): 0 where this torch has none.
+    clocks = [getattr(p, a, 0) for a in OPTIONAL_PROPERTIES]
     return card_figures(p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor, p.L2_cache_size,
-                        p.total_memory, p.clock_rate, p.memory_clock_rate, p.memory_bus_width)
+                        p.total_memory, *clocks)
 
 
 def card_in(doc):

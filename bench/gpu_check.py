@@ -847,7 +847,11 @@ def figures(cfg, name):
         rows = [r for r in m if isinstance(r, dict)]
         fr = [r["predicted_fraction"] for r in rows if isinstance(r.get("predicted_fraction"), (int, float))]
         fit = load_json(cfg.path("model_fit.json"))
-        return {"model_json": cfg.path("model.json"), "cases": len(rows),
+        # In the bench line's terms (native time / copy time), beside it in the summary.
+        tp1 = {r["op"]: round(1 / r["predicted_fraction"], 2) for r in rows
+               if r.get("tp") == 1 and r.get("op") in ("wq_b", "wo_a") and r.get("predicted_fraction")}
+        card = (rows[0].get("inputs") or {}).get("card_name") if rows else None
+        return {"model_json": cfg.path("model.json"), "card": card, "tp1_x_copy_predicted": tp1, "cases": len(rows),
                 "below_target": sum(1 for r in rows if r.get("meets_target") is False),
                 "min_predicted_fraction": round(min(fr), 3) if fr else None,
                 **({"fitted": fit["fitted"]} if isinstance(fit, dict) and fit.get("fitted") else {}),
@@ -997,6 +1001,9 @@ def short(name, f):
     if name == "model":
         s = (f"{f['cases']} cases, {f['below_target']} below target, "
              f"min {f['min_predicted_fraction']} of a copy (predicted)")
+        if f.get("tp1_x_copy_predicted"):
+            s += (f"; TP1 predicted for {f.get('card')}, x copy: "
+                  + ", ".join(f"{op} {x}x" for op, x in f["tp1_x_copy_predicted"].items()))
         if f.get("scaling"):
             named = {"inplace": "torch in place", "copy_1buf": "the copy into one buffer"}
             s += "; bandwidth x the copy's (across TPs): " + ", ".join(

@@ -76,11 +76,19 @@ def test_cuda_card_reads_what_torch_reports(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     assert card_mod.cuda_card(0) == make_card("NVIDIA H100 PCIe", 114, 1_593_000, 5120, 1_755_000)
-    # Every attribute it reads is one torch's properties have (a CUDA build of torch).
+    assert set(vars(props)) == {*card_mod.REQUIRED_PROPERTIES, *card_mod.OPTIONAL_PROPERTIES}
+    # A torch without the clocks (2.9): the data sheet's by name, or none.
+    for a in card_mod.OPTIONAL_PROPERTIES:
+        delattr(props, a)
+    assert card_mod.cuda_card(0) == make_card("NVIDIA H100 PCIe", 114)
+    props.name = "NVIDIA Something Else"
+    assert card_mod.cuda_card(0)["peak_tbps"] is None
+    # Every attribute it needs is one this torch's properties have (a CUDA build of torch).
     cls = getattr(torch._C, "_CudaDeviceProperties", None)
     if cls is None:
         pytest.skip("this torch has no CUDA device properties")
-    assert all(hasattr(cls, a) for a in vars(props)), [a for a in vars(props) if not hasattr(cls, a)]
+    missing = [a for a in card_mod.REQUIRED_PROPERTIES if not hasattr(cls, a)]
+    assert not missing, f"torch {torch.__version__}: {missing}"
 
 
 def run_model(tmp_path, name, *args):
@@ -115,6 +123,15 @@ def test_the_model_plans_and_predicts_for_the_card_it_is_given(tmp_path):
             assert launch["grid"] <= 114 * launch["ctas_per_sm"], launch
     # The SM count reaches the planner: some H200 grid does not fit 114 SMs.
     assert any(l["grid"] > 114 * l["ctas_per_sm"] for r in none for l in r["launch_details"])
+    # The device check's summary sets the card's TP1 prediction beside the bench's figures.
+    import gpu_check
+
+    (tmp_path / "model.json").write_text(json.dumps(pcie))
+    f = gpu_check.figures(types.SimpleNamespace(path=lambda n: str(tmp_path / n)), "model")
+    want = {r["op"]: round(1 / r["predicted_fraction"], 2) for r in pcie if r["tp"] == 1}
+    assert f["tp1_x_copy_predicted"] == want and f["card"] == "NVIDIA H100 PCIe"
+    assert (f"TP1 predicted for NVIDIA H100 PCIe, x copy: wq_b {want['wq_b']}x, wo_a {want['wo_a']}x"
+            in gpu_check.short("model", f))
 
 
 def test_a_figure_the_card_lacks_is_the_h200s_and_said_so(tmp_path):
