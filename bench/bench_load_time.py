@@ -64,7 +64,7 @@ import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from card import cuda_card  # noqa: E402
+from card import record_cuda_card  # noqa: E402
 
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
 Q_KINDS = {"permute_q": None, "permute_q_h128": 128}  # kind -> heads before TP (None: --heads)
@@ -786,12 +786,12 @@ def main(argv=None):
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
     # Which machine gave the figures: a ratio from one card is not another's.
-    card = cuda_card() if "cuda" in devices else None
-    cpu = cpu_name()
-    print(f"cpu: {cpu}" + (f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak "
-                           f"({card['source']})" if card else ""))
-    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__, "cpu": cpu, "card": card,
+    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__, "cpu": cpu_name(), "card": None,
            "rows": [], "wrong": [], "kernel_times": [], "notes": []}
+    card = record_cuda_card(doc) if "cuda" in devices and torch.cuda.is_available() else None
+    print(f"cpu: {doc['cpu']}" + (f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak "
+                                  f"({card['source']})" if card else "") + (
+        f"; cuda card not read: {doc['card_error']}" if "card_error" in doc else ""))
     print(TABLE_HEAD)
     print("-" * len(TABLE_HEAD), flush=True)
     for device in devices:

@@ -88,6 +88,16 @@ def cuda_card(index=0):
                         p.total_memory, *clocks)
 
 
+def record_cuda_card(info, index=0):
+    """Puts the card into `info` (a run's JSON): `card`, or `card_error`
+    when this torch cannot read it. Reading the card never stops a run."""
+    try:
+        info["card"] = cuda_card(index)
+    except Exception as e:  # noqa: BLE001 (a torch without one of its properties, a driver error)
+        info["card"], info["card_error"] = None, f"{type(e).__name__}: {e}"
+    return info["card"]
+
+
 def card_in(doc):
     """The card a JSON document recorded, or None: gpu.json and bench.json
     at the top, gpu_check.json in its gpu step's figures."""

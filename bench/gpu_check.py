@@ -317,12 +317,9 @@ def gpu_info(path):
         info.update(name=torch.cuda.get_device_name(0), devices=torch.cuda.device_count(),
                     arch=";".join(f"{a}.{b}" for a, b in caps),
                     free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1))
-        from card import cuda_card  # bench/card.py: the figures the model's step plans with
+        from card import record_cuda_card  # bench/card.py: the figures the model's step plans with
 
-        try:  # no card costs the model's figures, not the run
-            info["card"] = cuda_card(0)
-        except Exception as e:  # noqa: BLE001 (a torch without one of its attributes)
-            info["card_error"] = f"{type(e).__name__}: {e}"
+        record_cuda_card(info)
     elif dry:
         info.update(name="cpu (dry run)", arch="none")
     print(json.dumps(info))

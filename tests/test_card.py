@@ -91,6 +91,16 @@ def test_cuda_card_reads_what_torch_reports(monkeypatch):
     assert not missing, f"torch {torch.__version__}: {missing}"
 
 
+def test_a_card_torch_cannot_read_is_recorded_as_such(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(name="x"))
+    info = {}
+    assert card_mod.record_cuda_card(info) is None
+    assert info["card"] is None and info["card_error"].startswith("AttributeError")
+
+
 def run_model(tmp_path, name, *args):
     out = tmp_path / f"{name}.json"
     proc = subprocess.run([sys.executable, MODEL, "--json", str(out), *args], cwd=ROOT, capture_output=True,
