@@ -3,9 +3,9 @@ device check and the performance model use it. No GPU needed: the cards are
 built from what a runtime would report."""
 
 import contextlib
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 import types
 
@@ -21,6 +21,16 @@ MODEL = os.path.join(ROOT, "bench", "gpu_model.py")
 needs_native = pytest.mark.skipif(not flashmla_perm.build_info()["native"],
                                   reason="native module not loaded (gpu_launches)")
 SMEM, L2, TOTAL = 233472, 50 * 2**20, 80 * 10**9
+
+
+def load_model():
+    spec = importlib.util.spec_from_file_location("gpu_model", MODEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MODULE = load_model()
 
 
 def make_card(name, sms, mem_khz=0, bus_bits=0, sm_khz=0):
@@ -101,12 +111,13 @@ def test_a_card_torch_cannot_read_is_recorded_as_such(monkeypatch):
     assert info["card"] is None and info["card_error"].startswith("AttributeError")
 
 
-def run_model(tmp_path, name, *args):
+def run_model(capsys, tmp_path, name, *args):
+    """The model's main in this process (a subprocess a run would spend most
+    of its time importing torch)."""
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, MODEL, "--json", str(out), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout, json.loads(out.read_text())
+    capsys.readouterr()
+    assert MODULE.main(["--json", str(out), *args]) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())
 
 
 def write_card(tmp_path, c):
@@ -116,11 +127,11 @@ def write_card(tmp_path, c):
 
 
 @needs_native
-def test_the_model_plans_and_predicts_for_the_card_it_is_given(tmp_path):
+def test_the_model_plans_and_predicts_for_the_card_it_is_given(capsys, tmp_path):
     ops = ("--ops", "wq_b,wo_a")
-    _, none = run_model(tmp_path, "none", *ops)
-    _, h200 = run_model(tmp_path, "h200", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H200", 132)))
-    out, pcie = run_model(tmp_path, "pcie", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H100 PCIe", 114)))
+    _, none = run_model(capsys, tmp_path, "none", *ops)
+    _, h200 = run_model(capsys, tmp_path, "h200", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H200", 132)))
+    out, pcie = run_model(capsys, tmp_path, "pcie", *ops, "--card", write_card(tmp_path, make_card("NVIDIA H100 PCIe", 114)))
     assert "NVIDIA H100 PCIe, 114 SMs at 1.755 GHz" in out
     # The H200's card is the model's own defaults.
     assert [r["predicted_us"] for r in h200] == [r["predicted_us"] for r in none]
@@ -145,7 +156,7 @@ def test_the_model_plans_and_predicts_for_the_card_it_is_given(tmp_path):
 
 
 def test_a_figure_the_card_lacks_is_the_h200s_and_said_so(tmp_path):
-    model = load_model()
+    model = MODULE
     blind = write_card(tmp_path, make_card("NVIDIA H800", 132))  # no clocks from the runtime
     args = model.parse_args(["--card", blind])
     assert (args.hbm_tbps, args.clock_ghz, args.copy_tbps) == (4.8, 1.98, model.H200_MEASURED["copy_tbps"])
@@ -157,7 +168,7 @@ def test_a_figure_the_card_lacks_is_the_h200s_and_said_so(tmp_path):
 
 
 @needs_native
-def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
+def test_the_model_takes_the_card_a_measured_run_recorded(capsys, tmp_path):
     pcie = make_card("NVIDIA H100 PCIe", 114)
     rows = [{"device": "cuda", "kind": kind, "tp": tp, "backend": backend, "device_ms_per_layer": ms,
              "x_copy_device": ms / copy}
@@ -165,12 +176,12 @@ def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
             (("native", 0.05 / tp, 0.045 / tp), ("copy", 0.045 / tp, 0.045 / tp))]
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"card": pcie, "rows": rows}))
-    out, fit = run_model(tmp_path, "fit", "--measured", str(bench), "--ops", "wq_b,wo_a", "--fit-evals", "4")
+    out, fit = run_model(capsys, tmp_path, "fit", "--measured", str(bench), "--ops", "wq_b,wo_a", "--fit-evals", "4")
     assert "(card: NVIDIA H100 PCIe)" in out and fit["card"] == "NVIDIA H100 PCIe"
     # A gpu_check.json finds the card in the gpu.json beside it.
     (tmp_path / "gpu.json").write_text(json.dumps({"card": pcie}))
     (tmp_path / "gpu_check.json").write_text(json.dumps({"steps": []}))
-    model = load_model()
+    model = MODULE
     args = model.parse_args(["--measured", str(tmp_path / "gpu_check.json")])
     assert (args.card_name, args.sms, args.hbm_tbps) == ("NVIDIA H100 PCIe", 114, 2.0)
     (tmp_path / "sweep.json").write_text("{}")
@@ -185,17 +196,8 @@ def test_the_model_takes_the_card_a_measured_run_recorded(tmp_path):
     assert model.find_card(str(tmp_path / "gpu.json")) is None
 
 
-def load_model():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_model", MODEL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_flags_override_the_card_and_a_file_without_one_is_refused(tmp_path):
-    model = load_model()
+    model = MODULE
     path = write_card(tmp_path, make_card("NVIDIA H100 PCIe", 114))
     args = model.parse_args(["--card", path, "--sms", "100", "--copy-tbps", "1.5"])
     assert (args.sms, args.copy_tbps, args.clock_ghz) == (100, 1.5, 1.755)
@@ -228,9 +230,10 @@ def test_the_device_checks_model_step_passes_the_card_it_recorded(tmp_path):
 
 
 def test_the_benchmark_names_its_machine(tmp_path):
+    import bench_load_time
+
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench_load_time.py"), "--devices", "cpu",
-                    "--kinds", "wo_a", "--layers", "1", "--reps", "1", "--no-memory", "--backends", "native,copy",
-                    "--json", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    assert bench_load_time.main(["--devices", "cpu", "--kinds", "wo_a", "--layers", "1", "--reps", "1",
+                                 "--no-memory", "--backends", "native,copy", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["cpu"] and doc["card"] is None  # a CPU run: no card
+    assert doc["cpu"] and doc["card"] is None and "card_error" not in doc  # a CPU run: no card
