@@ -740,11 +740,12 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     stage_end = [{} for _ in range(n)]  # tile -> when its stage loop ended
     landed = [{} for _ in range(n)]     # tile -> when its loads landed
     sm_of = [c % sms for c in range(n)]
-    sm_ctas = {}             # SM -> CTAs issuing on it
-    sm_clock = {}            # SM -> time their `left` was last brought up to date
+    sm_ctas = [[] for _ in range(sms)]  # SM -> CTAs issuing on it
+    sm_clock = [0.0] * sms   # SM -> time their `left` was last brought up to date
     version = [0] * sms
     events, seq = [], 0
     pipe, pipe_version, end = PIPES[fig.get("memory", "fifo")](bw), 0, 0.0
+    pipe_at = None  # when the pipe's live event is
 
     def push(at, kind, who, tag=0):
         nonlocal seq
@@ -756,19 +757,26 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
             return 0.0
         return tile.stage if which == "stage" else tile.store - (0.0 if bank else tile.bank)
 
-    def settle(sm, now):
-        """Bring the SM's issuing CTAs' cycles left up to `now`, then
-        schedule the first of them to finish at the new shares (one event an
-        SM: the others' ends move with every change of the share)."""
-        ctas = sm_ctas.setdefault(sm, [])
-        rate = clock / len(ctas) if ctas else 0.0
-        for c in ctas:
-            left[c] -= rate * (now - sm_clock.get(sm, now))
+    def advance(sm, now):
+        """Bring the SM's issuing CTAs' cycles left up to `now` (they share
+        its clock equally)."""
+        ctas = sm_ctas[sm]
+        if ctas:
+            spent = clock / len(ctas) * (now - sm_clock[sm])
+            for c in ctas:
+                left[c] -= spent
         sm_clock[sm] = now
+
+    def schedule(sm, now):
+        """After a change of the SM's issuing CTAs: schedule the first of
+        them to finish at the new shares (one event an SM: the others' ends
+        move with every change of the share, and the version retires the
+        event an earlier share scheduled)."""
+        ctas = sm_ctas[sm]
         version[sm] += 1
         if ctas:
             first = min(ctas, key=left.__getitem__)
-            push(now + max(left[first], 0.0) / rate, "issued", first, version[sm])
+            push(now + max(left[first], 0.0) / (clock / len(ctas)), "issued", first, version[sm])
 
     def maybe_land(c, k):
         if k in served[c] and k in stage_end[c]:
@@ -790,10 +798,11 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
                 # are servable from its start (as a tile's loads are from its
                 # stage loop's start); nobody waits for them.
                 push(now, "servable", -1, -work[c][k].bytes)
+            sm = sm_of[c]
+            advance(sm, now)
             left[c] = cycles_of(work[c][k], op)
-            settle(sm_of[c], now)
-            sm_ctas[sm_of[c]].append(c)
-            settle(sm_of[c], now)
+            sm_ctas[sm].append(c)
+            schedule(sm, now)
             return
 
     for c in range(n):
@@ -802,8 +811,10 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         now, _, kind, c, tag = heapq.heappop(events)
         if kind == "servable":  # a tile's loads (c >= 0, tile tag) or stores (c < 0: -bytes) reach the pipe
             pipe.arrive(now, work[c][tag].bytes if c >= 0 else -tag, (c, tag) if c >= 0 else None)
-            pipe_version += 1
-            push(pipe.next_done(), "pipe", -1, pipe_version)
+            if pipe.next_done() != pipe_at:  # (a fifo pipe's next stays put behind its front)
+                pipe_version += 1
+                pipe_at = pipe.next_done()
+                push(pipe_at, "pipe", -1, pipe_version)
         elif kind == "pipe":  # transfers done; a later arrival may have moved the next one
             if tag != pipe_version:
                 continue
@@ -812,16 +823,17 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
                 if who is not None:
                     served[who[0]][who[1]] = now
                     maybe_land(*who)
-            if pipe.next_done() is not None:
+            pipe_at = pipe.next_done()
+            if pipe_at is not None:
                 pipe_version += 1
-                push(pipe.next_done(), "pipe", -1, pipe_version)
+                push(pipe_at, "pipe", -1, pipe_version)
         elif kind == "issued":
             sm = sm_of[c]
-            if tag != version[sm] or c not in sm_ctas.get(sm, []):
+            if tag != version[sm]:
                 continue  # superseded by a later share
-            settle(sm, now)
+            advance(sm, now)
             sm_ctas[sm].remove(c)
-            settle(sm, now)
+            schedule(sm, now)
             op, k = prog[c][pc[c]]
             if op == "stage":
                 stage_end[c][k] = now

@@ -17,6 +17,13 @@ DTYPES = [
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "model_runs: runs bench/gpu_model.py's simulation over whole ops (seconds to a minute each). "
+        "Past gpu_launches (which test_gpu_model.py::test_launch_figures checks in every build) it is pure Python, "
+        "so CI runs these in one CPU and one CUDA suite and deselects them (-m 'not model_runs') in the others.")
+
+
 def pytest_report_header(config):
     return f"flashmla_perm: {INFO}; devices: {DEVICES}"
 

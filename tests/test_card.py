@@ -126,6 +126,7 @@ def write_card(tmp_path, c):
     return str(path)
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_the_model_plans_and_predicts_for_the_card_it_is_given(capsys, tmp_path):
     ops = ("--ops", "wq_b,wo_a")
@@ -167,6 +168,7 @@ def test_a_figure_the_card_lacks_is_the_h200s_and_said_so(tmp_path):
     assert args.copy_tbps == pytest.approx(model.H200_MEASURED["copy_tbps"] * 3.352 / 4.917, rel=1e-3)
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_the_model_takes_the_card_a_measured_run_recorded(capsys, tmp_path):
     pcie = make_card("NVIDIA H100 PCIe", 114)

@@ -36,6 +36,7 @@ def run_model(tmp_path, *args, name="model.json"):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_records(tmp_path):
     proc, records = run_model(tmp_path)
@@ -55,6 +56,7 @@ def test_records(tmp_path):
     assert [(r["op"], r["tp"]) for r in records] == [(op, tp) for op in OPS for tp in (1, 2, 4, 8)]
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_check_exit_status(tmp_path):
     # Not a gate by default; --check fails on a target nobody meets.
@@ -142,6 +144,7 @@ def test_issue_bound_case_is_below_the_copy():
     assert f_light > f and comp_light["issue"] == pytest.approx(0, abs=1e-9), comp_light
 
 
+@pytest.mark.model_runs
 def test_halving_ctas_per_sm_with_one_stage_lowers_the_prediction():
     m = load_model()
     tiles = 132 * 8 * 6
@@ -441,6 +444,7 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
         assert env in [e for _, e, _ in gpu_check.SWEEP]
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_sweep_round_trip(tmp_path):
     """A sweep.json made by the model itself, each plan under its own
@@ -575,6 +579,7 @@ def test_scaling_across_tp_splits_the_gap_into_fixed_cost_and_bandwidth():
     assert m.scaling_across_tp(records[:2], rows) == []
 
 
+@pytest.mark.model_runs
 @needs_native
 def test_measured_round_trip(tmp_path):
     """A measured file made by the model itself with other bandwidth, launch,
