@@ -1,4 +1,5 @@
 import contextlib
+import importlib.util
 import os
 
 import pytest
@@ -58,6 +59,16 @@ def pytest_sessionfinish(session, exitstatus):
     if counts["aten"] > 0:
         say(f"FAILED: the ATen gather ran {counts['aten']} times; every layout should be native")
         session.exitstatus = 1
+
+
+def load_gpu_model():
+    """A fresh module of bench/gpu_model.py (a script, loaded by its path; a
+    test that changes its globals changes only its own copy)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_model.py")
+    spec = importlib.util.spec_from_file_location("gpu_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_tensor(shape, dtype=torch.uint8, device="cpu", gen=None):

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from conftest import load_gpu_model
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import bench_load_time as bench  # noqa: E402
 
@@ -66,12 +68,6 @@ def test_the_device_check_and_the_model_ask_for_the_benchmarks_baselines():
     # Three files name them (gpu_check runs without torch, so it cannot
     # import the benchmark): a baseline added to one alone would be timed
     # and never read, or asked for and never timed.
-    import importlib.util
-
     import gpu_check
 
-    spec = importlib.util.spec_from_file_location("gpu_model", os.path.join(os.path.dirname(bench.__file__),
-                                                                            "gpu_model.py"))
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
-    assert gpu_check.BENCH_BASELINES == model.BASELINES == bench.BASELINES
+    assert gpu_check.BENCH_BASELINES == load_gpu_model().BASELINES == bench.BASELINES

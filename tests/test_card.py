@@ -3,7 +3,6 @@ device check and the performance model use it. No GPU needed: the cards are
 built from what a runtime would report."""
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -12,25 +11,18 @@ import types
 import pytest
 
 import flashmla_perm
+from conftest import load_gpu_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import card as card_mod  # noqa: E402
 
-MODEL = os.path.join(ROOT, "bench", "gpu_model.py")
 needs_native = pytest.mark.skipif(not flashmla_perm.build_info()["native"],
                                   reason="native module not loaded (gpu_launches)")
 SMEM, L2, TOTAL = 233472, 50 * 2**20, 80 * 10**9
 
 
-def load_model():
-    spec = importlib.util.spec_from_file_location("gpu_model", MODEL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MODULE = load_model()
+MODULE = load_gpu_model()
 
 
 def make_card(name, sms, mem_khz=0, bus_bits=0, sm_khz=0):

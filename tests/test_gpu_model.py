@@ -1,7 +1,6 @@
 """bench/gpu_model.py (the GPU performance model) and the launch figures it
 reads from the native module's gpu_launches. No GPU needed."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 import pytest
 
 import flashmla_perm
+from conftest import load_gpu_model as load_model
 from flashmla_perm import _ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,13 +20,6 @@ needs_native = pytest.mark.skipif(not NATIVE, reason="native module not loaded (
 REQUIRED = ("op", "tp", "launches", "ctas", "in_flight_bytes_per_sm", "predicted_fraction", "bytes",
             "predicted_us", "copy_us", "waves", "ctas_per_sm", "components", "inputs", "instructions_per_item")
 OPS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed", "permute_q", "permute_q_h128")
-
-
-def load_model():
-    spec = importlib.util.spec_from_file_location("gpu_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_model(tmp_path, *args, name="model.json"):
