@@ -35,7 +35,7 @@ if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
   echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
   "$PY" -m pip install -q --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
 fi
-"$PY" -m pip install -q ninja setuptools wheel pytest hypothesis numpy
+"$PY" -m pip install -q ninja setuptools wheel pytest pytest-xdist hypothesis numpy
 
 # The native module is built in place (flashmla_perm/_C*.so), so a stamp
 # records which torch and sources it was built from: another environment or

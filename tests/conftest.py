@@ -47,15 +47,31 @@ def vllm_version():
         return None
 
 
+# Under pytest-xdist (CI runs the suites with -n 2) each worker hands its
+# counts to the controller, which adds them up before the check below.
+WORKER_COUNTS = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    WORKER_COUNTS.append(getattr(node, "workeroutput", {}).get("path_counts", {}))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """With the native module loaded, every layout runs native: a single call
     that fell back to the ATen gather fails the session."""
     if not NATIVE or _ops.FORCE_REFERENCE:
         return
     counts = _ops.path_counts()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["path_counts"] = counts
+        return
+    for worker in WORKER_COUNTS:
+        counts = {k: n + worker.get(k, 0) for k, n in counts.items()}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else print
-    say(f"flashmla_perm path_counts: {counts}")
+    say(f"flashmla_perm path_counts: {counts}" + (f" ({len(WORKER_COUNTS)} workers)" if WORKER_COUNTS else ""))
     if counts["aten"] > 0:
         say(f"FAILED: the ATen gather ran {counts['aten']} times; every layout should be native")
         session.exitstatus = 1
