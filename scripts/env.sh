@@ -35,7 +35,11 @@ if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
   echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
   "$PY" -m pip install -q --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
 fi
-"$PY" -m pip install -q ninja setuptools wheel pytest pytest-xdist hypothesis numpy
+# The build and test tools (pip only when one is missing: asking the index
+# costs about 15 s a call, and CI sources this six times).
+if ! "$PY" -c "import ninja, setuptools, wheel, pytest, xdist, hypothesis, numpy" 2>/dev/null; then
+  "$PY" -m pip install -q ninja setuptools wheel pytest pytest-xdist hypothesis numpy
+fi
 
 # The native module is built in place (flashmla_perm/_C*.so), so a stamp
 # records which torch and sources it was built from: another environment or
