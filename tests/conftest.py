@@ -47,7 +47,7 @@ def vllm_version():
         return None
 
 
-# Under pytest-xdist (CI runs the suites with -n 2) each worker hands its
+# Under pytest-xdist (the device check's tests step) each worker hands its
 # counts to the controller, which adds them up before the check below.
 WORKER_COUNTS = []
 
