@@ -91,7 +91,7 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # two-stage copy (FLASHMLA_PERM_ROW_STAGES; its V = 16 loops averaged the
 # same way since), rows 47 + 59.5 and 12520 in the kernel; the direct
 # kernel 40 + 32.8 and 15664 before its two-stage loop and the rows' shared
-# one dispatch (two_stage_tiles in csrc/cuda_executor.cu).
+# one dispatch (two_stage_tiles in csrc/cuda_kernels.cu).
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
@@ -1262,7 +1262,7 @@ def compare_measured(args, loops, regs, C):
 
 # --------------------------------------------------------------------------- the sweep: several plans, one fit
 
-# The executor's environment (csrc/cuda_executor.cu) as this model's arguments.
+# The executor's environment (csrc/cuda_executor.cpp) as this model's arguments.
 PLAN_ENV = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas", "FLASHMLA_PERM_COL_STAGES": "col_stages",
             "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
 # Each of those arguments unset: the default plan.

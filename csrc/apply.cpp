@@ -1,5 +1,9 @@
 #include "apply.h"
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
 #include <atomic>
 
 #include "executors.h"
@@ -37,10 +41,10 @@ void aten_gather_(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& 
 // The same for int32 words of four packed bytes: unpacked, gathered, packed.
 void aten_packed_gather_(const at::Tensor& t, const std::vector<int64_t>& byte_perm) {
   const at::Tensor shifts = at::arange(0, 32, 8, t.options().dtype(at::kLong));
-  at::Tensor bytes = at::bitwise_and(at::bitwise_right_shift(t.to(at::kLong).unsqueeze(-1), shifts), 0xFF);
+  at::Tensor bytes = t.to(at::kLong).unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and(0xFF);
   bytes = bytes.flatten(-2).index_select(-1, perm_on(byte_perm, t.device())).unflatten(-1, {t.size(-1), 4});
-  at::Tensor words = at::bitwise_left_shift(bytes, shifts).sum(-1);  // [0, 2^32)
-  words = at::where(words >= (int64_t{1} << 31), words - (int64_t{1} << 32), words);
+  at::Tensor words = bytes.bitwise_left_shift(shifts).sum(-1);  // [0, 2^32)
+  words = words.sub(int64_t{1} << 32).where(words.ge(int64_t{1} << 31), words);  // as int32
   t.copy_(words.to(at::kInt));
   served(Path::kAten);
 }

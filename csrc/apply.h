@@ -4,7 +4,7 @@
 // call needs (views, device arrays) is gathered before its first byte moves.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <memory>

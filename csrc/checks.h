@@ -2,7 +2,7 @@
 // argument, raises ValueError or TypeError, and happens before any byte moves.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace flashmla_perm {
 

@@ -3,7 +3,6 @@
 // its successor was read, while it is still in cache (DESIGN.md, "Order of the
 // moves inside a segment").
 #include <ATen/Parallel.h>
-#include <ATen/ATen.h>
 
 #include <memory>
 

@@ -3,7 +3,7 @@
 // decides the tiling.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

@@ -2,7 +2,7 @@
 // the ATen path gathers on.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

@@ -1,5 +1,7 @@
 // The op layer: schemas, argument checks, plans, dispatch. Every check runs
 // before the first byte moves, so an error leaves every tensor as it was.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <string>

@@ -11,7 +11,7 @@
 //   blocking device-to-host copy, and a hit needs none.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <map>

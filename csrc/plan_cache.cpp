@@ -1,5 +1,8 @@
 #include "plan_cache.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
 #include <atomic>
 #include <tuple>
 

@@ -4,7 +4,7 @@
 // after the first layer.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <mutex>

@@ -1,20 +1,12 @@
-// CUDA executor: three kernels (row segments, their save pass, column
+// CUDA kernels: three kernels (row segments, their save pass, column
 // gathers), each a grid-stride loop over the tiles of up to two jobs, so a
 // model op's weight and scale go in one launch. launch.h sizes everything;
-// this file only queries the device, allocates scratch and launches on the
-// current stream.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+// this file holds the device code and its launch, and includes no torch
+// header (cuda_kernels.h says why).
+#include "cuda_kernels.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <mutex>
 #include <type_traits>
-
-#include "executors.h"
 
 namespace flashmla_perm {
 namespace {
@@ -168,7 +160,9 @@ __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p
   });
 }
 
-void launch(const Launch& l, cudaStream_t stream) {
+}  // namespace
+
+void launch_kernel(const Launch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(static_cast<unsigned>(l.threads));
   if (l.kernel == Kernel::kCols) {
     Jobs<ColJob> p{{l.cols[0], l.cols[1]}, l.num_jobs};
@@ -183,97 +177,26 @@ void launch(const Launch& l, cudaStream_t stream) {
     else
       flashmla_perm_save_heads<<<grid, block, 0, stream>>>(p);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-// The device check's sweep (bench/gpu_check.py) plans launches other than
-// the default through these, read with the device's figures, once a
-// process: FLASHMLA_PERM_MAX_CTAS_PER_SM=n, at most n CTAs a SM (fewer bytes
-// in flight, the same work: it tells the load latency a tile sees from the
-// issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers a CTA for staged
-// column tiles (the in-place wo_a and wv weights and their scales);
-// FLASHMLA_PERM_ROW_STAGES=2, the same for row tiles of one pass (wq_b);
-// FLASHMLA_PERM_TILE_BUDGET=bytes, smaller row and staged column tiles.
-static int env_whole_number(const char* name, int lowest, int highest, int unset) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return unset;
-  char* end = nullptr;
-  const long n = std::strtol(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && n >= lowest && n <= highest, name, " must be a whole number from ", lowest, " to ",
-              highest, ", got '", text, "'");
-  return static_cast<int>(n);
-}
-
-DeviceSpec cuda_device_spec(c10::Device device) {
-  // Queried once per device: no driver call on the hot path.
-  static std::mutex mu;
-  static std::vector<std::pair<int, DeviceSpec>> specs;
-  const int index = device.index();
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [i, s] : specs)
-    if (i == index) return s;
-  const c10::cuda::CUDAGuard guard(device);
-  cudaDeviceProp prop;
-  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
-  DeviceSpec s;
-  s.sm_count = prop.multiProcessorCount;
-  s.smem_per_sm = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-  s.smem_reserved_per_cta = static_cast<int64_t>(prop.reservedSharedMemPerBlock);
-  s.threads_per_sm = prop.maxThreadsPerMultiProcessor;
-  s.regs_per_sm = prop.regsPerMultiprocessor;
-  s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor,
-                               env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
-  s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
-  s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
-  s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
-  auto regs_of = [](const void* kernel) {
-    // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
-    // 33 KiB), so ask for the largest carveout rather than the driver's guess.
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
+cudaError_t query_kernel_registers(DeviceSpec& spec) {
+  const void* kernels[4] = {reinterpret_cast<const void*>(&flashmla_perm_rows),
+                            reinterpret_cast<const void*>(&flashmla_perm_save_heads),
+                            reinterpret_cast<const void*>(&flashmla_perm_cols<true>),
+                            reinterpret_cast<const void*>(&flashmla_perm_cols<false>)};
+  int regs[4];
+  for (int k = 0; k < 4; ++k) {
+    cudaError_t e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared);
     cudaFuncAttributes attr;
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.numRegs;
-  };
-  s.regs[static_cast<int>(Kernel::kRows)] = regs_of(reinterpret_cast<const void*>(&flashmla_perm_rows));
-  s.regs[static_cast<int>(Kernel::kSaveHeads)] =
-      regs_of(reinterpret_cast<const void*>(&flashmla_perm_save_heads));
-  s.regs[static_cast<int>(Kernel::kCols)] =
-      std::max(regs_of(reinterpret_cast<const void*>(&flashmla_perm_cols<true>)),
-               regs_of(reinterpret_cast<const void*>(&flashmla_perm_cols<false>)));
-  specs.emplace_back(index, s);
-  return s;
-}
-
-bool cuda_capturing(c10::Device device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
-              const std::vector<at::Tensor>& arrays) {
-  const c10::cuda::CUDAGuard guard(device);
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  // Scratch from the caching allocator, on this stream: freed (for reuse by
-  // this stream's later work) when this function returns.
-  std::vector<at::Tensor> scratch;
-  for (std::vector<Launch>& launches : groups) {
-    if (launches.empty()) continue;
-    for (int j = 0; j < launches.front().num_jobs; ++j) {
-      const int64_t bytes = launches.front().scratch_bytes[j];
-      if (bytes == 0) continue;
-      scratch.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device)));
-      set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
-    }
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernels[k]);
+    if (e != cudaSuccess) return e;
+    regs[k] = attr.numRegs;
   }
-  for (const std::vector<Launch>& launches : groups)
-    for (const Launch& l : launches)
-      if (l.tiles > 0) launch(l, stream.stream());
-  for (const at::Tensor& a : arrays)
-    c10::cuda::CUDACachingAllocator::recordStream(a.storage().data_ptr(), stream);
+  spec.regs[static_cast<int>(Kernel::kRows)] = regs[0];
+  spec.regs[static_cast<int>(Kernel::kSaveHeads)] = regs[1];
+  spec.regs[static_cast<int>(Kernel::kCols)] = std::max(regs[2], regs[3]);
+  return cudaSuccess;
 }
 
 }  // namespace flashmla_perm
