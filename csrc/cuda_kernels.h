@@ -1,6 +1,6 @@
 // The CUDA kernels and their launch, apart from torch: cuda_kernels.cu
-// includes nothing but this (launch.h and the CUDA runtime), so nvcc parses
-// no ATen header once per architecture; cuda_executor.cpp (the host
+// includes this (launch.h and the CUDA runtime) and the standard library
+// only, so nvcc parses no ATen header once per architecture; cuda_executor.cpp (the host
 // compiler) queries the device, allocates scratch, picks the stream and
 // checks every call these make.
 #pragma once
