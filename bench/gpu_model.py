@@ -175,11 +175,14 @@ def parse_args(argv=None):
     for k, v in DEFAULT_REGS.items():
         r.add_argument(f"--regs-{k.replace('_', '-')}", type=int, help=f"override ({k} kernel; today {v})")
     r.add_argument("--max-ctas", type=int, help="cap CTAs per SM (a what-if: the launches are re-planned)")
-    r.add_argument("--col-stages", type=int, choices=(1, 2), default=1,
+    r.add_argument("--col-stages", type=int, choices=(1, 2),
                    help="tile buffers a CTA of staged column tiles cycles through, as FLASHMLA_PERM_COL_STAGES "
-                        "plans them (the launches are re-planned: half-size tiles with 2)")
-    r.add_argument("--row-stages", type=int, choices=(1, 2), default=1,
-                   help="the same for row tiles of one pass, as FLASHMLA_PERM_ROW_STAGES plans them")
+                        "plans them (the launches are re-planned: half-size tiles with 2; default: the "
+                        "executor's, 1)")
+    r.add_argument("--row-stages", type=int, choices=(1, 2),
+                   help="the same for row tiles of one pass, as FLASHMLA_PERM_ROW_STAGES plans them (default: "
+                        "the executor's, 2 where every tile is one pass; 1 to re-read a run of the 2026-12-04 "
+                        "build, which had one)")
     r.add_argument("--tile-budget", type=int, default=0,
                    help="bytes a row or staged column tile buffers, as FLASHMLA_PERM_TILE_BUDGET plans them "
                         "(0: the kernels' 32 KiB)")
@@ -195,7 +198,7 @@ def parse_args(argv=None):
     p.add_argument("--ops", help="only these ops (comma-separated)")
     p.add_argument("--sweep", metavar="FILE",
                    help="a device check's sweep.json: each plan predicted vs measured, and one fit across them")
-    p.add_argument("--fit-evals", type=int, default=120,
+    p.add_argument("--fit-evals", type=int, default=160,
                    help="most evaluations a fit (--measured, --sweep) makes; few only to exercise the plumbing")
     args = p.parse_args(argv)
     apply_figures(args)
@@ -931,12 +934,14 @@ def kernel_registers(args):
 
 
 def device_dict(args, regs_per_thread):
-    """DeviceSpec fields (csrc/launch.h) for gpu_launches."""
+    """DeviceSpec fields (csrc/launch.h) for gpu_launches. Stages left
+    unset (None) keep DeviceSpec's defaults, the executor's: one place says
+    what the default plan is."""
+    stages = {k: v for k, v in (("col_stages", args.col_stages), ("row_stages", args.row_stages)) if v is not None}
     return {"sm_count": args.sms, "smem_per_sm": args.smem_per_sm_kib * KiB,
             "smem_reserved_per_cta": args.smem_reserved_per_cta, "threads_per_sm": args.threads_per_sm,
             "regs_per_sm": args.regs_per_sm, "max_ctas_per_sm": args.max_ctas or args.max_ctas_per_sm,
-            "regs_per_thread": regs_per_thread, "col_stages": args.col_stages, "row_stages": args.row_stages,
-            "tile_budget": args.tile_budget}
+            "regs_per_thread": regs_per_thread, **stages, "tile_budget": args.tile_budget}
 
 
 # --------------------------------------------------------------------------- one case
@@ -1155,17 +1160,6 @@ def predicted_time(case, launches, fig, loops):
         simulate(launch_tiles(l, case, loops, fig), l["grid"], launch_fig(l, fig)) for l in launches if l["tiles"])
 
 
-def native_error(args, loops, regs, C, rows, only):
-    """Sum of squared log ratios, predicted / measured native device time."""
-    fig, err = figures(args), 0.0
-    for case in cases(only):
-        m = rows.get((case.op, case.tp, "native"))
-        if m:
-            launches = C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_dict(args, regs[case.kernel]))
-            err += math.log(predicted_time(case, launches, fig, loops) / (m["device_ms_per_layer"] * 1e-3)) ** 2
-    return err
-
-
 def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
     """A minimum of err near x0 (a list of floats): the Nelder-Mead simplex,
     for a few smooth parameters with no derivatives."""
@@ -1204,17 +1198,88 @@ def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
     return simplex[min(range(n + 1), key=values.__getitem__)]
 
 
-def fit_latency_and_ipc(args, loops, regs, C, rows, only):
-    """The tiles' load latency (us) and the issue rate (instructions a
-    scheduler issues a clock) that best explain the native times, fitted
-    together (they trade against each other) on their logarithms."""
-    def err(x):
-        args.latency_us, args.ipc = math.exp(x[0]), math.exp(x[1])
-        return native_error(args, loops, regs, C, rows, only)
+# Where a fit of (log latency in us, log issue rate) starts: the current
+# figures and this coarse grid. Two-stage tiles hide part of a tile's
+# latency behind the tile before it, and past some issue rate issuing costs
+# nothing: the error has plateaus and a narrow valley, on which a simplex
+# from one start stalls (from the defaults, fits of the model's own output
+# at latency 1.4 us and issue rates 0.3 and 0.45, two-stage rows, ended
+# near 2.9 and 1.8 us, issue rates 1.5 and 3.3).
+FIT_GRID = tuple((math.log(0.5) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
+                 for i in range(9) for j in range(7))  # 0.5-8 us by sqrt(2), issue rates 0.25-2
+FIT_STARTS = 1  # simplexes, from the best starts
 
-    best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)], evals=args.fit_evals)
-    args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
-    return args.latency_us, args.ipc
+
+def fitted(err, x0, evals):
+    """The best of nelder_mead from the FIT_STARTS best of x0 and FIT_GRID,
+    within `evals` evaluations in all (from x0 alone where they would leave
+    a simplex under 30: the plumbing checks' few)."""
+    if evals < len(FIT_GRID) + 1 + FIT_STARTS * 30:
+        return nelder_mead(err, x0, evals=evals)
+    starts = [list(x0)] + [list(g) for g in FIT_GRID]
+    values = [err(x) for x in starts]
+    best = sorted(range(len(starts)), key=values.__getitem__)[:FIT_STARTS]
+    each = (evals - len(starts)) // FIT_STARTS
+    ends = [nelder_mead(err, starts[i], step=0.25, evals=each) for i in best]
+    return min(ends, key=err)
+
+
+def point_predictions(args, loops, regs, C, points):
+    """Predicted seconds a layer for each point (label, plan, op, measured
+    seconds, TP), each under its plan (PLAN_ENV's arguments)."""
+    saved = {a: getattr(args, a) for a in PLAN_ENV.values()}
+    out = []
+    try:
+        for _, plan, op, _, tp in points:
+            for a in PLAN_ENV.values():
+                setattr(args, a, plan[a])
+            case = next(c for c in cases([op]) if c.tp == tp)
+            launches = C.gpu_launches(op.replace("_h128", ""), case.dims, device_dict(args, regs[case.kernel]))
+            out.append(predicted_time(case, launches, figures(args), loops))
+    finally:
+        for a, v in saved.items():
+            setattr(args, a, v)
+    return out
+
+
+_FIT_STATE = {}  # what forked workers of fit_points read: (args, loops, regs, C, points)
+
+
+def _predict_point(i, latency_us, ipc):
+    args, loops, regs, C, points = _FIT_STATE["state"]
+    args.latency_us, args.ipc = latency_us, ipc
+    return point_predictions(args, loops, regs, C, [points[i]])[0]
+
+
+def fit_points(args, loops, regs, C, points):
+    """The tiles' load latency (us) and the issue rate (instructions a
+    scheduler issues a clock) that best explain the points' measured native
+    times, fitted together (they trade against each other) on their
+    logarithms, into args. Returns each point's predicted seconds before and
+    after. The points of one evaluation simulate in parallel (forked
+    workers: the GPU machine has 16 cores, and a fit takes 160 evaluations)."""
+    _FIT_STATE["state"] = (args, loops, regs, C, points)
+    n = len(points)
+    # Workers find _predict_point by its module's name, which a copy of this
+    # file loaded by path (the tests') does not answer to: that one maps here.
+    forked = getattr(sys.modules.get(__name__), "_predict_point", None) is _predict_point
+    pool = concurrent.futures.ProcessPoolExecutor(min(n, os.cpu_count() or 1),
+                                                  mp_context=multiprocessing.get_context("fork")) if forked else None
+    try:
+        def predict(latency_us, ipc):
+            return list((pool.map if pool else map)(_predict_point, range(n), [latency_us] * n, [ipc] * n))
+
+        before = predict(args.latency_us, args.ipc)
+
+        def err(x):
+            return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(math.exp(x[0]), math.exp(x[1])), points))
+
+        best = fitted(err, [math.log(args.latency_us), math.log(args.ipc)], args.fit_evals)
+        args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
+        return before, predict(args.latency_us, args.ipc)
+    finally:
+        if pool:
+            pool.shutdown()
 
 
 def compare_measured(args, loops, regs, C):
@@ -1246,8 +1311,12 @@ def compare_measured(args, loops, regs, C):
         args.copy_tbps = bw / 1e12
         args.launch_us = max(fixed * 1e6 - args.copy_latency_us, 0.0)
         fitted.update(copy_tbps=args.copy_tbps, launch_us=args.launch_us)
-    if any((r["op"], r["tp"], "native") in rows for r in records):
-        fitted["latency_us"], fitted["ipc"] = fit_latency_and_ipc(args, loops, regs, C, rows, ops)
+    plan = {a: getattr(args, a) for a in PLAN_ENV.values()}  # the run's: the arguments'
+    points = [(None, plan, r["op"], rows[(r["op"], r["tp"], "native")]["device_ms_per_layer"] * 1e-3, r["tp"])
+              for r in records if (r["op"], r["tp"], "native") in rows]
+    if points:
+        fit_points(args, loops, regs, C, points)
+        fitted["latency_us"], fitted["ipc"] = args.latency_us, args.ipc
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in fitted.items())
           + f" (the copies give bandwidth and launch + their latency, held at {args.copy_latency_us} us;"
           " the native rows give the tiles' latency and the issue rate)")
@@ -1265,82 +1334,42 @@ def compare_measured(args, loops, regs, C):
 # The executor's environment (csrc/cuda_executor.cpp) as this model's arguments.
 PLAN_ENV = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas", "FLASHMLA_PERM_COL_STAGES": "col_stages",
             "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
-# Each of those arguments unset: the default plan.
-PLAN_DEFAULTS = {"max_ctas": None, "col_stages": 1, "row_stages": 1, "tile_budget": 0}
+# Each of those arguments unset: the default plan (the stages: DeviceSpec's).
+PLAN_DEFAULTS = {"max_ctas": None, "col_stages": None, "row_stages": None, "tile_budget": 0}
 
 
 def sweep_points(path):
-    """(label, argument overrides, op, measured native device seconds a layer)
-    from a device check's sweep.json (bench/gpu_check.py: each plan's
-    environment and its TP1 rows)."""
+    """(label, plan, op, measured native device seconds a layer, TP 1) from
+    a device check's sweep.json (bench/gpu_check.py: each plan's environment
+    and its TP1 rows); the plan: PLAN_ENV's arguments, its environment's
+    over the defaults."""
     with open(path) as f:
         doc = json.load(f)
     points = []
     for label, plan in doc.items():
-        overrides = {PLAN_ENV[k]: int(v) for k, v in plan.get("env", {}).items() if k in PLAN_ENV}
+        args = {**PLAN_DEFAULTS, **{PLAN_ENV[k]: int(v) for k, v in plan.get("env", {}).items() if k in PLAN_ENV}}
         for key, row in plan.get("rows", {}).items():
             op, backend = key.split()
             if backend == "native" and row.get("device_ms_per_layer"):
-                points.append((label, overrides, op, row["device_ms_per_layer"] * 1e-3))
+                points.append((label, args, op, row["device_ms_per_layer"] * 1e-3, 1))
     return points
-
-
-def sweep_predictions(args, loops, regs, C, points):
-    """Predicted seconds a layer for each point, at TP1, under its plan."""
-    saved = {a: getattr(args, a) for a in PLAN_ENV.values()}
-    out = []
-    try:
-        for label, overrides, op, _ in points:
-            for a in PLAN_ENV.values():
-                setattr(args, a, overrides.get(a, PLAN_DEFAULTS[a]))
-            case = next(c for c in cases([op]) if c.tp == 1)
-            launches = C.gpu_launches(op, case.dims, device_dict(args, regs[case.kernel]))
-            out.append(predicted_time(case, launches, figures(args), loops))
-    finally:
-        for a, v in saved.items():
-            setattr(args, a, v)
-    return out
-
-
-_SWEEP_STATE = {}  # what forked workers of compare_sweep read: (args, loops, regs, C, points)
-
-
-def _predict_point(i, latency_us, ipc):
-    args, loops, regs, C, points = _SWEEP_STATE["state"]
-    args.latency_us, args.ipc = latency_us, ipc
-    return sweep_predictions(args, loops, regs, C, [points[i]])[0]
 
 
 def compare_sweep(args, loops, regs, C):
     """Each plan of a sweep predicted against measured, then the tiles'
     latency and the issue rate fitted across all of them at once: one pair
-    of figures must explain every plan, or the model is missing a cause.
-    The points of one evaluation simulate in parallel (forked workers: the
-    GPU machine has 16 cores, and a fit takes about 80 evaluations)."""
+    of figures must explain every plan, or the model is missing a cause."""
     points = [p for p in sweep_points(args.sweep) if p[2] in {c.op for c in cases()}]
     if not points:
         print(f"gpu_model: no native TP1 rows of the model's ops in {args.sweep}: nothing to compare")
         return {}
-    _SWEEP_STATE["state"] = (args, loops, regs, C, points)
-    n = len(points)
-    with concurrent.futures.ProcessPoolExecutor(min(n, os.cpu_count() or 1),
-                                                mp_context=multiprocessing.get_context("fork")) as pool:
-        def predict(latency_us, ipc):
-            return list(pool.map(_predict_point, range(n), [latency_us] * n, [ipc] * n))
-
-        before = predict(args.latency_us, args.ipc)
-
-        def err(x):
-            return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(math.exp(x[0]), math.exp(x[1])), points))
-
-        best = nelder_mead(err, [math.log(args.latency_us), math.log(args.ipc)], evals=args.fit_evals)
-        args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
-        after = predict(args.latency_us, args.ipc)
+    before, after = fit_points(args, loops, regs, C, points)
     print(f"sweep: {args.sweep} (TP1; device us a layer)")
     print(f"{'plan':14} {'op':6} {'measured':>9} {'predicted':>9} {'fitted':>9}")
     records = []
-    for (label, overrides, op, measured), b, a in zip(points, before, after):
+    for (label, plan, op, measured, _), b, a in zip(points, before, after):
         print(f"{label:14} {op:6} {measured * 1e6:9.2f} {b * 1e6:9.2f} {a * 1e6:9.2f}")
+        overrides = {k: v for k, v in plan.items() if v != PLAN_DEFAULTS[k]}
         records.append({"plan": label, "overrides": overrides, "op": op, "measured_us": measured * 1e6,
                         "predicted_us": b * 1e6, "fitted_us": a * 1e6})
     worst = max(abs(math.log(r["fitted_us"] / r["measured_us"])) for r in records)

@@ -27,7 +27,8 @@ namespace flashmla_perm {
 // in flight, the same work: it tells the load latency a tile sees from the
 // issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers a CTA for staged
 // column tiles (the in-place wo_a and wv weights and their scales);
-// FLASHMLA_PERM_ROW_STAGES=2, the same for row tiles of one pass (wq_b);
+// FLASHMLA_PERM_ROW_STAGES=1, one tile buffer a CTA for row tiles (wq_b),
+// which take two by default where every tile is one pass;
 // FLASHMLA_PERM_TILE_BUDGET=bytes, smaller row and staged column tiles.
 static int env_whole_number(const char* name, int lowest, int highest, int unset) {
   const char* text = std::getenv(name);

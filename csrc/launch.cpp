@@ -247,10 +247,13 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
   return main;
 }
 
-// Two tile buffers of half the budget a CTA, where dev.row_stages asks
-// (FLASHMLA_PERM_ROW_STAGES=2, for the device check's sweep): the next
-// tile's loads in flight while this one stores (two_stage_loop), as
-// set_two_stages does for column tiles. Only where every tile of every job
+// Two tile buffers of half the budget a CTA, where dev.row_stages asks (by
+// default; FLASHMLA_PERM_ROW_STAGES=1 plans one, for the device check's
+// sweep): the next tile's loads in flight while this one stores
+// (two_stage_loop), as set_two_stages does for column tiles. With one, a
+// CTA of two or three tiles (wq_b at TP1 and TP2) has nothing in flight
+// while it stores, which the model fitted to the first device run puts at
+// 13 % of wq_b's time at TP1 (docs/PERFORMANCE.md). Only where every tile of every job
 // is one pass (a pass's stores must follow its own loads), V = 16 (the
 // kernel's two-stage loop is compiled for no other width) and the tiles
 // number under 2^31 (their places by FastDiv: set_row_slices).

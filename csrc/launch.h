@@ -52,7 +52,9 @@ struct DeviceSpec {
   int max_ctas_per_sm = 32;
   int regs[3] = {96, 72, 80};  // per thread, by Kernel (kCols: the larger of its two)
   int col_stages = 1;  // tile buffers a CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
-  int row_stages = 1;  // the same for row tiles (set_row_two_stages)
+  // The same for row tiles (set_row_two_stages, where a launch allows it):
+  // two by default since 2026-12-05, one with FLASHMLA_PERM_ROW_STAGES=1.
+  int row_stages = 2;
   int64_t tile_budget = 0;  // bytes a row or staged column tile buffers; 0 (or over it): kGpuTileBudget
 };
 

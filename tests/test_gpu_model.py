@@ -306,7 +306,8 @@ def test_the_sweep_plans_reach_the_launches():
     """The executor's environment as device fields (csrc/cuda_executor.cpp):
     col_stages 2 gives staged jobs two buffers of half-size tiles, all of a
     launch's jobs or none (the packed wv scale, V = 4, keeps its launch at one);
-    row_stages 2 does the same for row tiles of one pass at V = 16 (wq_b);
+    row_stages 2 does the same for row tiles of one pass at V = 16 (wq_b),
+    which is the default (DeviceSpec), and row_stages 1 plans one;
     tile_budget bounds every row and staged column tile."""
     from flashmla_perm import _ops
     wo_a = [8192, 4096, 8]
@@ -319,9 +320,10 @@ def test_the_sweep_plans_reach_the_launches():
     assert wv["stages"] == 1 and [j["vec"] for j in wv["jobs"]] == [16, 4], wv
     wq_b = [32768, 1280, 64]
     for dims in (wq_b, [4096, 1280, 8]):
-        (one,) = _ops._C.gpu_launches("wq_b", dims, {})
+        (one,) = _ops._C.gpu_launches("wq_b", dims, {"row_stages": 1})
         (two,) = _ops._C.gpu_launches("wq_b", dims, {"row_stages": 2})
         assert one["stages"] == 1 and two["stages"] == 2, (one, two)
+        assert _ops._C.gpu_launches("wq_b", dims, {}) == [two]  # the default
         assert two["smem_bytes"] <= 32768 and two["ctas_per_sm"] == one["ctas_per_sm"], (one, two)
         assert two["jobs"][0]["max_tile_bytes"] <= 16384 < one["jobs"][0]["max_tile_bytes"], (one, two)
         assert two["jobs"][0]["tiles"] > one["jobs"][0]["tiles"], (one, two)
@@ -372,7 +374,7 @@ def test_every_sweep_plan_is_known_to_the_model():
 
 def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     """gpu_check's ncu step: the main pass summed over our launches, the
-    stall pass averaged, and the two-stage plan's pass (its own file, with
+    stall pass averaged, and the other stages' pass (its own file, with
     duration and instructions) kept apart from the default plan's."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import gpu_check
@@ -390,9 +392,9 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
             "smsp__inst_executed.sum": "1,200", "gpu__time_duration.sum": 20000}
     path = report("ncu_wq_b.csv", [("rows", main), ("rows", {**main, "gpu__time_duration.sum": 60000,
                                                                "dram__throughput.avg.pct_of_peak_sustained_elapsed": 20})])
-    stall = "smsp__average_warp_latency_issue_stalled_{}.ratio".format
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio".format
     report("ncu_wq_b_stalls.csv", [("rows", {stall("long_scoreboard"): 3, stall("barrier"): 1})] * 2)
-    report("ncu_wq_b_stalls_row2.csv", [("rows", {stall("long_scoreboard"): 1, stall("barrier"): 2,
+    report("ncu_wq_b_stalls_row1.csv", [("rows", {stall("long_scoreboard"): 1, stall("barrier"): 2,
                                                   "gpu__time_duration.sum": 15000, "smsp__inst_executed.sum": 900})])
     f = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})
     assert f["launches"] == 2 and f["instructions"] == 2400 and f["dram_bytes"] == 3000
@@ -400,15 +402,15 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     assert f["instructions_per_byte"] == 1.0
     assert f["stalls"]["per_instruction"] == {"long_scoreboard": 3.0, "barrier": 1.0}
     assert "duration_us" not in f["stalls"]
-    assert f["stalls_row2"]["per_instruction"] == {"barrier": 2.0, "long_scoreboard": 1.0}
-    assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["instructions"] == 900
-    assert "row2: 15.0 us, stalls barrier 2.0" in gpu_check.short("ncu", {"wq_b": f})
-    assert "row2 BYTES WRONG" in gpu_check.short("ncu", {"wq_b": {**f, "ok_row2": False}})
+    assert f["stalls_row1"]["per_instruction"] == {"barrier": 2.0, "long_scoreboard": 1.0}
+    assert f["stalls_row1"]["duration_us"] == 15.0 and f["stalls_row1"]["instructions"] == 900
+    assert "row1: 15.0 us, stalls barrier 2.0" in gpu_check.short("ncu", {"wq_b": f})
+    assert "row1 BYTES WRONG" in gpu_check.short("ncu", {"wq_b": {**f, "ok_row1": False}})
     # An ncu without a stall metric: the plan pass has its time alone.
-    report("ncu_wq_b_stalls_row2.csv", [("rows", {"gpu__time_duration.sum": 15000, "smsp__inst_executed.sum": 900})])
+    report("ncu_wq_b_stalls_row1.csv", [("rows", {"gpu__time_duration.sum": 15000, "smsp__inst_executed.sum": 900})])
     f = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})
-    assert f["stalls_row2"]["duration_us"] == 15.0 and f["stalls_row2"]["per_instruction"] == {}
-    assert "row2: 15.0 us;" in gpu_check.short("ncu", {"wq_b": f}) + ";"
+    assert f["stalls_row1"]["duration_us"] == 15.0 and f["stalls_row1"]["per_instruction"] == {}
+    assert "row1: 15.0 us;" in gpu_check.short("ncu", {"wq_b": f}) + ";"
     # The balance, L2 request and clock pass: two launches, summed.
     assert "where" not in f
     report("ncu_wq_b_where.csv", [("rows", {"sm__cycles_active.max": 1200, "sm__cycles_active.avg": 1000,
@@ -432,9 +434,51 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
     report("ncu_wq_b_where.csv", [("rows", {"sm__cycles_active.max": 1200, "sm__cycles_active.avg": 1000})])
     w = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})["where"]
     assert w == {"sm_busiest_over_mean": 1.2}
-    assert set(gpu_check.NCU_TWO_STAGE) == set(gpu_check.NCU_KINDS)
-    for _, env in gpu_check.NCU_TWO_STAGE.values():  # plans the sweep times too
+    assert set(gpu_check.NCU_OTHER_PLAN) == set(gpu_check.NCU_KINDS)
+    for _, env in gpu_check.NCU_OTHER_PLAN.values():  # plans the sweep times too
         assert env in [e for _, e, _ in gpu_check.SWEEP]
+
+
+def test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run(tmp_path):
+    """A sweep plan or a sanitizer plan that fails is recorded, the next one
+    still runs, and the step fails at the end; a tests step cut short by its
+    timeout (no junit XML yet) still has its counts, from pytest -v's lines."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+
+    class Cfg:
+        dry = True
+
+        def path(self, name):
+            return str(tmp_path / name)
+
+    class FakeStep:
+        def __init__(self):
+            self.envs = []
+
+        def say(self, text):
+            pass
+
+        def python(self, *args, env=None, check=True):
+            self.envs.append(env)
+            return 1 if len(self.envs) == 1 else 0  # the first plan fails
+
+    for run, plans in ((gpu_check.step_sweep, gpu_check.SWEEP), (gpu_check.step_memcheck, gpu_check.SANITIZE_PLANS)):
+        step = FakeStep()
+        with pytest.raises(gpu_check.StepFailed, match="plans failed: .*exit 1"):
+            run(Cfg(), step)
+        assert len(step.envs) == len(plans), run
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert list(sweep) == [label for label, _, _ in gpu_check.SWEEP]
+    assert sweep[gpu_check.SWEEP[0][0]]["exit_status"] == 1 and "exit_status" not in sweep[gpu_check.SWEEP[1][0]]
+    log = ("[gw0] [  1%] PASSED tests/test_ops.py::test_a[cuda] \n"
+           "[gw1] [  2%] FAILED tests/test_ops.py::test_b[cuda] \n"
+           "tests/test_ops.py::test_c[cuda] SKIPPED (no vLLM)                [ 50%]\n"
+           "FAILED tests/test_ops.py::test_b[cuda] - AssertionError\n")
+    assert gpu_check.verbose_counts(log) == {"tests": 3, "passed": 1, "failures": 1, "errors": 0, "skipped": 1,
+                                             "from": "the log's -v lines (no junit XML: the run was cut short)"}
+    (tmp_path / "tests.log").write_text(log)
+    assert gpu_check.figures(Cfg(), "tests")["tests"] == 3  # tests.xml missing
 
 
 @pytest.mark.model_runs
