@@ -321,6 +321,21 @@ MUTANTS = [
       'return key in (name or "")',
       ["tests/test_card.py"],
       "a GH200 or an H800 PCIe takes the data sheet of the H200 or the H100 its name contains"),
+    M("row-stages-default-one", "csrc/launch.h",
+      "  int row_stages = 2;",
+      "  int row_stages = 1;",
+      ["tests/test_gpu_model.py::test_the_sweep_plans_reach_the_launches", "harness --model"],
+      "row tiles back to one buffer by default (the plan the fitted model put 13 % of wq_b's TP1 time on)"),
+    M("fit-from-defaults-only", "bench/gpu_model.py",
+      "    if evals < len(FIT_GRID) + 1 + FIT_STARTS * 30:",
+      "    if True:",
+      ["tests/test_gpu_model.py::test_measured_round_trip"],
+      "the fits start from the current figures alone (the simplex stalls on two-stage plateaus)"),
+    M("sweep-stops-at-failed-plan", "bench/gpu_check.py",
+      "        rc = step.python(*args, env=env, check=False)",
+      "        rc = step.python(*args, env=env)",
+      ["tests/test_gpu_model.py::test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run"],
+      "a sweep plan that fails takes the later plans with it"),
 ]
 
 

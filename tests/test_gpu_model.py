@@ -459,9 +459,12 @@ def test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run(tmp
         def say(self, text):
             pass
 
-        def python(self, *args, env=None, check=True):
+        def python(self, *args, env=None, check=True):  # as gpu_check.Step's
             self.envs.append(env)
-            return 1 if len(self.envs) == 1 else 0  # the first plan fails
+            rc = 1 if len(self.envs) == 1 else 0  # the first plan fails
+            if check and rc:
+                raise gpu_check.StepFailed(f"python exited {rc}")
+            return rc
 
     for run, plans in ((gpu_check.step_sweep, gpu_check.SWEEP), (gpu_check.step_memcheck, gpu_check.SANITIZE_PLANS)):
         step = FakeStep()
