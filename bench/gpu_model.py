@@ -1207,21 +1207,16 @@ def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
 # near 2.9 and 1.8 us, issue rates 1.5 and 3.3).
 FIT_GRID = tuple((math.log(0.5) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
                  for i in range(9) for j in range(7))  # 0.5-8 us by sqrt(2), issue rates 0.25-2
-FIT_STARTS = 1  # simplexes, from the best starts
 
 
-def fitted(err, x0, evals):
-    """The best of nelder_mead from the FIT_STARTS best of x0 and FIT_GRID,
-    within `evals` evaluations in all (from x0 alone where they would leave
-    a simplex under 30: the plumbing checks' few)."""
-    if evals < len(FIT_GRID) + 1 + FIT_STARTS * 30:
+def grid_started_fit(err, x0, evals):
+    """nelder_mead from the best of x0 and FIT_GRID, within `evals`
+    evaluations in all (from x0 alone where they would leave the simplex
+    under 30: the plumbing checks' few)."""
+    if evals < len(FIT_GRID) + 31:
         return nelder_mead(err, x0, evals=evals)
     starts = [list(x0)] + [list(g) for g in FIT_GRID]
-    values = [err(x) for x in starts]
-    best = sorted(range(len(starts)), key=values.__getitem__)[:FIT_STARTS]
-    each = (evals - len(starts)) // FIT_STARTS
-    ends = [nelder_mead(err, starts[i], step=0.25, evals=each) for i in best]
-    return min(ends, key=err)
+    return nelder_mead(err, min(starts, key=err), step=0.25, evals=evals - len(starts))
 
 
 def point_predictions(args, loops, regs, C, points):
@@ -1274,7 +1269,7 @@ def fit_points(args, loops, regs, C, points):
         def err(x):
             return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(math.exp(x[0]), math.exp(x[1])), points))
 
-        best = fitted(err, [math.log(args.latency_us), math.log(args.ipc)], args.fit_evals)
+        best = grid_started_fit(err, [math.log(args.latency_us), math.log(args.ipc)], args.fit_evals)
         args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
         return before, predict(args.latency_us, args.ipc)
     finally:

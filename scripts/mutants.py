@@ -327,7 +327,7 @@ MUTANTS = [
       ["tests/test_gpu_model.py::test_the_sweep_plans_reach_the_launches", "harness --model"],
       "row tiles back to one buffer by default (the plan the fitted model put 13 % of wq_b's TP1 time on)"),
     M("fit-from-defaults-only", "bench/gpu_model.py",
-      "    if evals < len(FIT_GRID) + 1 + FIT_STARTS * 30:",
+      "    if evals < len(FIT_GRID) + 31:",
       "    if True:",
       ["tests/test_gpu_model.py::test_measured_round_trip"],
       "the fits start from the current figures alone (the simplex stalls on two-stage plateaus)"),
