@@ -524,8 +524,10 @@ struct Strided {
 // Rank-r layout: random sizes (some 1), a random memory order of the dims,
 // steps and padding between them, a random offset.
 // `order`: the dims innermost (in memory) first; `step`: the innermost pitch
-// in elements (2: a stepped slice).
-Strided strided_of(std::vector<int64_t> sizes, int64_t esize, const std::vector<int>& order, int64_t step) {
+// in elements (2: a stepped slice); `align` > 0: every outer pitch a
+// multiple of it (padding in whole `align`s) and no offset.
+Strided strided_of(std::vector<int64_t> sizes, int64_t esize, const std::vector<int>& order, int64_t step,
+                   int64_t align = 0) {
   Strided t;
   t.esize = esize;
   t.size = std::move(sizes);
@@ -535,9 +537,10 @@ Strided strided_of(std::vector<int64_t> sizes, int64_t esize, const std::vector<
   for (int d : order) {
     t.pitch[d] = pitch;
     span = (t.size[d] - 1) * pitch + std::max(span, esize);
-    pitch = span + esize * static_cast<int64_t>(rng() % 3);  // padding
+    pitch = align ? (span + align - 1) / align * align + align * static_cast<int64_t>(rng() % 2)
+                  : span + esize * static_cast<int64_t>(rng() % 3);  // padding
   }
-  t.offset = esize * static_cast<int64_t>(rng() % 5);
+  t.offset = align ? 0 : esize * static_cast<int64_t>(rng() % 5);
   t.buf = random_bytes(t.offset + span + 16);
   return t;
 }
@@ -603,20 +606,11 @@ void check_strided_two_stages(int threads, int trials) {
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     const int d = order[1 + rng() % (rank - 1)];  // not the innermost: lines of whole vectors
-    Strided t;
-    t.esize = esize;
-    t.size.resize(rank);
-    t.pitch.resize(rank);
-    for (auto& x : t.size) x = 1 + static_cast<int64_t>(rng() % 9);
-    t.size[order.front()] = 16 / esize * (1 + static_cast<int64_t>(rng() % 4));
-    t.size[d] = std::max<int64_t>(t.size[d], 2);
-    int64_t pitch = esize, span = 0;
-    for (int dim : order) {
-      t.pitch[dim] = pitch;
-      span = (t.size[dim] - 1) * pitch + std::max(span, esize);
-      pitch = (span + 15) / 16 * 16 + 16 * static_cast<int64_t>(rng() % 2);  // padding, whole vectors
-    }
-    t.buf = random_bytes(span + 16);
+    std::vector<int64_t> sizes(rank);
+    for (auto& x : sizes) x = 1 + static_cast<int64_t>(rng() % 9);
+    sizes[order.front()] = 16 / esize * (1 + static_cast<int64_t>(rng() % 4));
+    sizes[d] = std::max<int64_t>(sizes[d], 2);
+    Strided t = strided_of(std::move(sizes), esize, order, 1, 16);
     const int64_t n = t.size[d];
     std::vector<int64_t> perm = random_perm(n);
     if (rng() % 2 || std::is_sorted(perm.begin(), perm.end())) perm = one_cycle(n);  // never the identity
