@@ -131,12 +131,18 @@ NCU_PLAN_METRICS = {**NCU_STALL_METRICS, **NCU_PLAN_TIME_METRICS}
 # passes above do not show. How even the SMs' work is (the busiest SM's
 # active cycles over the mean: a CTA holds 1.6-2.8 tiles, a few hold a last
 # small one); how many 32-byte sectors an L2 read request carries (wo_a
-# gathers 32-byte chunks 512 bytes apart, wq_b reads whole rows); the waves;
-# and both clocks as ncu saw them (it leaves them alone, as the benchmark did).
+# gathers 32-byte chunks 512 bytes apart, wq_b reads whole rows); the waves,
+# and the CTAs a SM that the shared memory the driver granted (its carveout)
+# and the registers allow (the plan counts on 6 of 33 KiB for wo_a: 198 KiB of
+# the 228; the carveout asked for is a hint); and both clocks as ncu saw them
+# (it leaves them alone, as the benchmark did).
 NCU_WHERE_METRICS = {"sm__cycles_active.max": "sm_active_max", "sm__cycles_active.avg": "sm_active_avg",
                      "lts__t_sectors_srcunit_tex_op_read.sum": "l2_read_sectors",
                      "lts__t_requests_srcunit_tex_op_read.sum": "l2_read_requests",
                      "launch__waves_per_multiprocessor": "waves_per_sm",
+                     "launch__occupancy_limit_shared_mem": "ctas_by_smem",
+                     "launch__occupancy_limit_registers": "ctas_by_regs",
+                     "launch__shared_mem_config_size": "smem_config_bytes",
                      "sm__cycles_elapsed.avg.per_second": "sm_hz", "dram__cycles_elapsed.avg.per_second": "dram_hz"}
 # The benchmark's baselines the bench step asks for (bench_load_time.py
 # BASELINES): torch's elementwise kernel in place and into each layer's
@@ -171,7 +177,8 @@ SWEEP = (
 # the default plan (whatever the caller's environment says: empty is unset;
 # row tiles through two buffers, staged column tiles through one), and each
 # kernel's other stages (what the sweep's row1 and col2 plans time), so that
-# both forms of every in-place kernel are checked.
+# both forms of every in-place kernel are checked (but the two-stage form of
+# short runs, the packed wv scale's: launches plan two stages at V = 16 only).
 SANITIZE_PLANS = (("default", {"FLASHMLA_PERM_COL_STAGES": "", "FLASHMLA_PERM_ROW_STAGES": ""}),
                   ("other stages", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_ROW_STAGES": "1"}))
 
@@ -780,6 +787,11 @@ def ncu_where_figures(csv_path):
     f = {}
     if everywhere("waves_per_sm"):
         f["waves_per_sm"] = [round(launch["waves_per_sm"], 2) for launch in launches]
+    for key in ("ctas_by_smem", "ctas_by_regs"):
+        if everywhere(key):
+            f[key] = [int(launch[key]) for launch in launches]
+    if everywhere("smem_config_bytes"):
+        f["smem_config_kib"] = [round(launch["smem_config_bytes"] / 1024, 1) for launch in launches]
     for hz, ghz in (("sm_hz", "sm_ghz"), ("dram_hz", "dram_ghz")):
         if everywhere(hz):
             f[ghz] = round(total(hz) / len(launches) / 1e9, 3)
@@ -794,6 +806,9 @@ def ncu_where_text(w):
     parts = {"sm_busiest_over_mean": lambda x: f"busiest SM x{x} the mean",
              "l2_sectors_per_read_request": lambda x: f"{x} sectors an L2 read",
              "waves_per_sm": lambda x: "waves " + "/".join(str(v) for v in x),
+             "ctas_by_smem": lambda x: "CTAs a SM by shared memory " + "/".join(str(v) for v in x),
+             "ctas_by_regs": lambda x: "by registers " + "/".join(str(v) for v in x),
+             "smem_config_kib": lambda x: "carveout " + "/".join(str(v) for v in x) + " KiB",
              "sm_ghz": lambda x: f"SM clock {x} GHz", "dram_ghz": lambda x: f"DRAM clock {x} GHz"}
     return "; " + ", ".join(text(w[key]) for key, text in parts.items() if key in w)
 

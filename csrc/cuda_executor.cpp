@@ -12,12 +12,15 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda_kernels.h"
 #include "executors.h"
+#include "launch_info.h"
 
 namespace flashmla_perm {
 
@@ -65,6 +68,24 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   C10_CUDA_CHECK(query_kernel_registers(s));
   specs.emplace_back(index, s);
   return s;
+}
+
+DeviceFields cuda_device_fields(int index) {
+  return device_fields(cuda_device_spec(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index))));
+}
+
+int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t smem_bytes, int index) {
+  const Kernel kernels[] = {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols};
+  const Kernel* k = std::find_if(std::begin(kernels), std::end(kernels),
+                                 [&](Kernel each) { return kernel == kernel_name(each); });
+  TORCH_CHECK_VALUE(k != std::end(kernels), "cuda_resident_ctas_per_sm: kernel must be 'rows', 'save_heads' or "
+                    "'cols', got '", kernel, "'");
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  cuda_device_spec(device);  // sets the kernels' carveout preference, once a device
+  const c10::cuda::CUDAGuard guard(device);
+  int ctas = 0;
+  C10_CUDA_CHECK(resident_ctas_per_sm(*k, threads, smem_bytes, &ctas));
+  return ctas;
 }
 
 bool cuda_capturing(c10::Device device) {

@@ -179,23 +179,48 @@ void launch_kernel(const Launch& l, cudaStream_t stream) {
   }
 }
 
+namespace {
+
+// The compiled kernels: rows, save_heads, then cols' staged and direct forms.
+constexpr int kCompiledKernels = 4;
+const void* compiled_kernel(int k) {
+  const void* kernels[kCompiledKernels] = {reinterpret_cast<const void*>(&flashmla_perm_rows),
+                                           reinterpret_cast<const void*>(&flashmla_perm_save_heads),
+                                           reinterpret_cast<const void*>(&flashmla_perm_cols<true>),
+                                           reinterpret_cast<const void*>(&flashmla_perm_cols<false>)};
+  return kernels[k];
+}
+
+}  // namespace
+
 cudaError_t query_kernel_registers(DeviceSpec& spec) {
-  const void* kernels[4] = {reinterpret_cast<const void*>(&flashmla_perm_rows),
-                            reinterpret_cast<const void*>(&flashmla_perm_save_heads),
-                            reinterpret_cast<const void*>(&flashmla_perm_cols<true>),
-                            reinterpret_cast<const void*>(&flashmla_perm_cols<false>)};
-  int regs[4];
-  for (int k = 0; k < 4; ++k) {
-    cudaError_t e = cudaFuncSetAttribute(kernels[k], cudaFuncAttributePreferredSharedMemoryCarveout,
+  int regs[kCompiledKernels];
+  for (int k = 0; k < kCompiledKernels; ++k) {
+    const void* kernel = compiled_kernel(k);
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                          cudaSharedmemCarveoutMaxShared);
     cudaFuncAttributes attr;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernels[k]);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernel);
     if (e != cudaSuccess) return e;
     regs[k] = attr.numRegs;
   }
   spec.regs[static_cast<int>(Kernel::kRows)] = regs[0];
   spec.regs[static_cast<int>(Kernel::kSaveHeads)] = regs[1];
   spec.regs[static_cast<int>(Kernel::kCols)] = std::max(regs[2], regs[3]);
+  return cudaSuccess;
+}
+
+cudaError_t resident_ctas_per_sm(Kernel kernel, int threads, int64_t smem_bytes, int* ctas) {
+  const int first = kernel == Kernel::kCols ? 2 : static_cast<int>(kernel);
+  const int last = kernel == Kernel::kCols ? 3 : first;
+  *ctas = 0;
+  for (int k = first; k <= last; ++k) {
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, compiled_kernel(k), threads,
+                                                                        static_cast<size_t>(smem_bytes));
+    if (e != cudaSuccess) return e;
+    *ctas = k == first ? n : std::min(*ctas, n);
+  }
   return cudaSuccess;
 }
 

@@ -22,4 +22,12 @@ void launch_kernel(const Launch& l, cudaStream_t stream);
 // cudaSuccess.
 cudaError_t query_kernel_registers(DeviceSpec& spec);
 
+// *ctas: the CTAs of `kernel` (kCols: the fewer of its two forms) that one SM
+// of the current device holds at once with `threads` threads and
+// `smem_bytes` of dynamic shared memory, by the runtime's occupancy
+// calculator, which knows the carveout the driver grants (a preference is a
+// hint). ctas_per_sm (launch.h) plans from the device's figures; the tests
+// hold the two against each other on a GPU. Call after query_kernel_registers.
+cudaError_t resident_ctas_per_sm(Kernel kernel, int threads, int64_t smem_bytes, int* ctas);
+
 }  // namespace flashmla_perm

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "launch.h"
@@ -15,31 +16,34 @@ namespace {
 // blocks, and only alignment matters to the plan (nothing is dereferenced).
 uint8_t* fake_address(int i) { return reinterpret_cast<uint8_t*>(uintptr_t{1} << 40) + (int64_t{i} << 32); }
 
-// A field of `device` into *out, where present.
-template <typename T>
-void read_field(const DeviceFields& device, const char* name, T* out) {
-  const auto it = device.find(name);
-  if (it != device.end()) *out = static_cast<T>(it->second);
+// DeviceSpec's fields by name (f(name, field)): the one list that
+// device_spec reads and device_fields writes.
+template <class F>
+void for_each_field(DeviceSpec& dev, F f) {
+  f("sm_count", dev.sm_count);
+  f("smem_per_sm", dev.smem_per_sm);
+  f("smem_reserved_per_cta", dev.smem_reserved_per_cta);
+  f("threads_per_sm", dev.threads_per_sm);
+  f("regs_per_sm", dev.regs_per_sm);
+  f("max_ctas_per_sm", dev.max_ctas_per_sm);
+  f("col_stages", dev.col_stages);
+  f("row_stages", dev.row_stages);
+  f("tile_budget", dev.tile_budget);
+  f("regs_rows", dev.regs[0]);
+  f("regs_save_heads", dev.regs[1]);
+  f("regs_cols", dev.regs[2]);
 }
 
 DeviceSpec device_spec(const DeviceFields& device) {
   DeviceSpec dev;
-  read_field(device, "sm_count", &dev.sm_count);
-  read_field(device, "smem_per_sm", &dev.smem_per_sm);
-  read_field(device, "smem_reserved_per_cta", &dev.smem_reserved_per_cta);
-  read_field(device, "threads_per_sm", &dev.threads_per_sm);
-  read_field(device, "regs_per_sm", &dev.regs_per_sm);
-  read_field(device, "max_ctas_per_sm", &dev.max_ctas_per_sm);
-  read_field(device, "col_stages", &dev.col_stages);
-  read_field(device, "row_stages", &dev.row_stages);
-  read_field(device, "tile_budget", &dev.tile_budget);
-  read_field(device, "regs_rows", &dev.regs[0]);
-  read_field(device, "regs_save_heads", &dev.regs[1]);
-  read_field(device, "regs_cols", &dev.regs[2]);
-  int64_t all = -1;  // regs_per_thread, where positive, sizes all three kernels
-  read_field(device, "regs_per_thread", &all);
-  if (all > 0)
-    for (int& regs : dev.regs) regs = static_cast<int>(all);
+  for_each_field(dev, [&](const char* name, auto& field) {
+    const auto it = device.find(name);
+    if (it != device.end()) field = static_cast<std::remove_reference_t<decltype(field)>>(it->second);
+  });
+  // regs_per_thread, where positive, sizes all three kernels.
+  const auto all = device.find("regs_per_thread");
+  if (all != device.end() && all->second > 0)
+    for (int& regs : dev.regs) regs = static_cast<int>(all->second);
   return dev;
 }
 
@@ -122,6 +126,23 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
 }
 
 }  // namespace
+
+DeviceFields device_fields(const DeviceSpec& spec) {
+  DeviceSpec dev = spec;
+  DeviceFields fields;
+  for_each_field(dev, [&](const char* name, auto& field) { fields[name] = field; });
+  return fields;
+}
+
+DeviceFields device_fields(const DeviceFields& device) { return device_fields(device_spec(device)); }
+
+#ifndef FLASHMLA_PERM_WITH_CUDA
+// CPU builds (cuda_executor.cpp has the CUDA builds' forms).
+DeviceFields cuda_device_fields(int) { throw std::runtime_error("flashmla_perm was built without CUDA kernels"); }
+int cuda_resident_ctas_per_sm(const std::string&, int, int64_t, int) {
+  throw std::runtime_error("flashmla_perm was built without CUDA kernels");
+}
+#endif
 
 std::vector<LaunchInfo> gpu_launches(const std::string& op, const std::vector<int64_t>& dims,
                                      const DeviceFields& device) {

@@ -45,4 +45,19 @@ using DeviceFields = std::map<std::string, int64_t>;
 std::vector<LaunchInfo> gpu_launches(const std::string& op, const std::vector<int64_t>& dims,
                                      const DeviceFields& device);
 
+struct DeviceSpec;
+// A DeviceSpec as the fields above (gpu_launches(op, dims, device_fields(spec))
+// plans as the executor does with that spec).
+DeviceFields device_fields(const DeviceSpec& spec);
+// Every field of the DeviceSpec that gpu_launches plans with for `device`.
+DeviceFields device_fields(const DeviceFields& device);
+
+// The CUDA executor's view of GPU `index` (CUDA builds; elsewhere they throw
+// std::runtime_error): the DeviceSpec it plans with, as fields, and the CTAs
+// a SM that the runtime's occupancy calculator lets a launch of `kernel`
+// ("rows", "save_heads" or "cols") hold. The device check's runtime tests
+// hold every planned ctas_per_sm against the second.
+DeviceFields cuda_device_fields(int index);
+int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t smem_bytes, int index);
+
 }  // namespace flashmla_perm

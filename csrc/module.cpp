@@ -141,6 +141,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("gpu_launches", &gpu_launches, py::arg("op"), py::arg("dims"), py::arg("device") = py::none(),
         "gpu_launches(op, dims, device=None): the CUDA executor's launches for a model op "
         "(csrc/launch_info.h); device: DeviceSpec fields by name, an H200's by default.");
+  m.def(
+      "gpu_device_fields",
+      [](const std::optional<fp::DeviceFields>& device) { return fp::device_fields(device.value_or(fp::DeviceFields{})); },
+      py::arg("device") = py::none(),
+      "gpu_device_fields(device=None): every DeviceSpec field gpu_launches plans with for these fields "
+      "(an H200's where absent).");
+  m.def("cuda_device_fields", &fp::cuda_device_fields, py::arg("device") = 0,
+        "cuda_device_fields(device=0): the DeviceSpec the CUDA executor plans with on that GPU, as "
+        "gpu_launches' device fields (CUDA builds).");
+  m.def("cuda_resident_ctas_per_sm", &fp::cuda_resident_ctas_per_sm, py::arg("kernel"), py::arg("threads"),
+        py::arg("smem_bytes"), py::arg("device") = 0,
+        "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs a SM by the CUDA runtime's "
+        "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
   // csrc/overlap.h on byte layouts, b None for a's self-overlap: "no", "yes"
   // or "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.
   m.def("byte_overlap", &byte_overlap, py::arg("a"), py::arg("b") = py::none(),

@@ -77,6 +77,20 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+# gpu_launches(op, dims) for every model op at TP 1, 2, 4 and 8 (DeepSeek-V4.1's
+# shapes, wq_b's K reduced), and a few odd shapes.
+LAUNCH_CASES = [
+    ("wq_b", [64 // tp * 512, 1280, 64 // tp]) for tp in (1, 2, 4, 8)
+] + [
+    ("wo_a", [8 // tp * 1024, 4096, 8]) for tp in (1, 2, 4, 8)
+] + [
+    ("wq_b_packed", [64 // tp * 512, 1280, 64 // tp, 32]) for tp in (1, 2, 4, 8)
+] + [
+    ("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)
+] + [("wq_b_packed", [3 * 48, 1024, 3, 128]), ("wv_packed", [3, 33, 1024, 8]),
+     ("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
+
+
 def load_gpu_model():
     """A fresh module of bench/gpu_model.py (a script, loaded by its path; a
     test that changes its globals changes only its own copy)."""

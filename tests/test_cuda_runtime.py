@@ -2,12 +2,15 @@
 own streams, CUDA graph capture and replay (with the plans evicted from the
 cache in between), no host sync once the plans are built, a plan evicted
 from the cache while another stream's kernels that use it are still queued,
-perm tensors on the device, tensors over 2^31 bytes.
+perm tensors on the device, tensors over 2^31 bytes, every planned launch's
+CTAs resident at once.
 Bytes against the reference (computed on the CPU), never allclose. Skipped
 without a GPU."""
 
 import concurrent.futures
 import contextlib
+import os
+import sys
 import threading
 import time
 import zlib
@@ -18,7 +21,8 @@ import torch
 import flashmla_perm as fp
 from flashmla_perm import reference as ref
 
-from conftest import INFO, assert_same_bytes, expect_path, poison, random_tensor
+from conftest import INFO, LAUNCH_CASES, assert_same_bytes, expect_path, load_gpu_model, poison, random_tensor
+from flashmla_perm import _ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # What only the native CUDA path promises (the Python fallback copies its
@@ -466,3 +470,47 @@ def test_plan_evicted_while_its_kernels_are_queued(gen):
     assert still_queued, "s1's sleep ended before the eviction: the calls on s2 waited for the GPU"
     for got, want in zip(dst[:4] + [fused], expected):
         assert_same_bytes(got, want)
+
+
+# --------------------------------------------------------------------------- launches: one wave
+
+
+# The executor's plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
+PLAN_FIELDS = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm", "FLASHMLA_PERM_COL_STAGES": "col_stages",
+               "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+
+
+def sweep_plans():
+    """The default plan and the device check's sweep plans, as fields."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import gpu_check
+
+    return [("default", {})] + [(label, {PLAN_FIELDS[k]: int(v) for k, v in env.items()})
+                                for label, env, _ in gpu_check.SWEEP]
+
+
+@needs_kernels
+@pytest.mark.parametrize("label,plan", sweep_plans(), ids=[label for label, _ in sweep_plans()])
+def test_every_planned_cta_is_resident_at_once(label, plan):
+    """Each launch's CTAs a SM (csrc/launch.cpp ctas_per_sm, from this GPU's
+    figures as the executor reads them) is what the CUDA runtime's occupancy
+    calculator gives the compiled kernel at that launch's shared memory: a
+    grid of SMs x ctas_per_sm then runs as one wave, as the performance model
+    and the sweep assume. The kernels ask for the largest shared-memory
+    carveout, but that is a hint: where the driver grants less, wo_a's 6 CTAs
+    of 33 KiB (198 KiB) would not fit and a sixth of its grid would wait."""
+    fields = {**_ops._C.cuda_device_fields(torch.cuda.current_device()), **plan}
+    cases = [(c.op.replace("_h128", ""), c.dims) for c in load_gpu_model().cases()] + LAUNCH_CASES
+    checked = set()
+    for op, dims in cases:
+        for launch in _ops._C.gpu_launches(op, dims, fields):
+            key = (launch["kernel"], launch["threads"], launch["smem_bytes"])
+            resident = _ops._C.cuda_resident_ctas_per_sm(*key, torch.cuda.current_device())
+            assert launch["ctas_per_sm"] == min(resident, fields["max_ctas_per_sm"]), (
+                f"{op} {dims} under {label}: planned {launch['ctas_per_sm']} CTAs a SM, the occupancy "
+                f"calculator gives {resident} ({launch})")
+            checked.add(key)
+    # (No model op cuts a cycle, so none plans the save pass: save_heads has
+    # no shared memory, and the harness checks the registers' count for all.)
+    assert {kernel for kernel, _, _ in checked} == {"rows", "cols"}, checked
+

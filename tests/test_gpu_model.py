@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import flashmla_perm
+from conftest import LAUNCH_CASES
 from conftest import load_gpu_model as load_model
 from flashmla_perm import _ops
 
@@ -60,16 +62,6 @@ def test_check_exit_status(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
-LAUNCH_CASES = [
-    ("wq_b", [64 // tp * 512, 1280, 64 // tp]) for tp in (1, 2, 4, 8)
-] + [
-    ("wo_a", [8 // tp * 1024, 4096, 8]) for tp in (1, 2, 4, 8)
-] + [
-    ("wq_b_packed", [64 // tp * 512, 1280, 64 // tp, 32]) for tp in (1, 2, 4, 8)
-] + [
-    ("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)
-] + [("wq_b_packed", [3 * 48, 1024, 3, 128]), ("wv_packed", [3, 33, 1024, 8]),
-     ("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
 DEVICES = [None, {"regs_per_thread": 92}, {"regs_per_thread": 80},
            {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024}]
 
@@ -86,6 +78,36 @@ def test_launch_figures(op, dims, device):
         assert launch["tiles"] == sum(j["tiles"] for j in launch["jobs"]), launch
         for j in launch["jobs"]:
             assert 0 < j["inflight_bytes"] and j["max_tile_bytes"] * j["tiles"] >= j["bytes"], j
+
+
+@needs_native
+def test_device_fields_name_the_spec_gpu_launches_plans_with():
+    """gpu_device_fields fills in every DeviceSpec field gpu_launches reads
+    (an H200's where absent), and planning from its answer plans the same
+    launches: the CUDA executor reports its spec in these names
+    (cuda_device_fields), for the runtime tests to plan as it does."""
+    h200 = _ops._C.gpu_device_fields()
+    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 96, 80)
+    assert (h200["row_stages"], h200["col_stages"]) == (2, 1)  # the default plan (csrc/launch.h)
+    odd = {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024, "row_stages": 1, "col_stages": 2,
+           "tile_budget": 8192}
+    full = _ops._C.gpu_device_fields({**odd, "regs_per_thread": 80})
+    assert {k: full[k] for k in odd} == odd
+    assert full["regs_rows"] == full["regs_save_heads"] == full["regs_cols"] == 80
+    assert _ops._C.gpu_device_fields(full) == full
+    for op, dims in LAUNCH_CASES:
+        assert _ops._C.gpu_launches(op, dims, full) == _ops._C.gpu_launches(op, dims, {**odd, "regs_per_thread": 80})
+
+
+@needs_native
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU answers")
+def test_the_cuda_device_helpers_raise_where_no_gpu_answers():
+    """The executor's own view of a GPU (its spec, the occupancy calculator)
+    raises a RuntimeError without one: a CPU build says it has no CUDA
+    kernels, a CUDA build without a driver passes on the runtime's error."""
+    for call in (lambda: _ops._C.cuda_device_fields(0), lambda: _ops._C.cuda_resident_ctas_per_sm("rows", 128, 0, 0)):
+        with pytest.raises(RuntimeError, match="" if flashmla_perm.build_info()["cuda"] else "without CUDA kernels"):
+            call()
 
 
 # The model itself, on made-up launches and kernels (no native module needed).
@@ -417,19 +439,27 @@ def test_ncu_reports_are_read_per_launch_and_per_plan(tmp_path):
                                            "lts__t_sectors_srcunit_tex_op_read.sum": 4000,
                                            "lts__t_requests_srcunit_tex_op_read.sum": 1000,
                                            "launch__waves_per_multiprocessor": 2.82,
+                                           "launch__occupancy_limit_shared_mem": 6,
+                                           "launch__occupancy_limit_registers": 5,
+                                           "launch__shared_mem_config_size": 233472,
                                            "sm__cycles_elapsed.avg.per_second": 1.98e9,
                                            "dram__cycles_elapsed.avg.per_second": 3.2e9}),
                                   ("rows", {"sm__cycles_active.max": 600, "sm__cycles_active.avg": 200,
                                             "lts__t_sectors_srcunit_tex_op_read.sum": "2,000",
                                             "lts__t_requests_srcunit_tex_op_read.sum": 1000,
                                             "launch__waves_per_multiprocessor": 0.5,
+                                            "launch__occupancy_limit_shared_mem": 5,
+                                            "launch__occupancy_limit_registers": 8,
+                                            "launch__shared_mem_config_size": "200,704",
                                             "sm__cycles_elapsed.avg.per_second": 1.78e9,
                                             "dram__cycles_elapsed.avg.per_second": 3.2e9})])
     w = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})["where"]
     assert w == {"sm_busiest_over_mean": 1.5, "l2_sectors_per_read_request": 3.0, "waves_per_sm": [2.82, 0.5],
+                 "ctas_by_smem": [6, 5], "ctas_by_regs": [5, 8], "smem_config_kib": [228.0, 196.0],
                  "sm_ghz": 1.88, "dram_ghz": 3.2}
     text = gpu_check.short("ncu", {"wq_b": {**f, "where": w}})
-    assert "busiest SM x1.5 the mean, 3.0 sectors an L2 read, waves 2.82/0.5, SM clock 1.88 GHz" in text
+    assert ("busiest SM x1.5 the mean, 3.0 sectors an L2 read, waves 2.82/0.5, CTAs a SM by shared memory 6/5, "
+            "by registers 5/8, carveout 228.0/196.0 KiB, SM clock 1.88 GHz") in text
     # An ncu without the clock metrics: the rest stands, and no clock is made up.
     report("ncu_wq_b_where.csv", [("rows", {"sm__cycles_active.max": 1200, "sm__cycles_active.avg": 1000})])
     w = gpu_check.ncu_kind_figures(path, {"kind": "wq_b", "bytes_moved": 2400})["where"]

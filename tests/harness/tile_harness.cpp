@@ -35,6 +35,11 @@
 #include <thread>
 #include <vector>
 
+#if __has_include(<cuda_occupancy.h>)  // the CUDA toolkit's, where CMake finds it
+#include <cuda_occupancy.h>
+#define FLASHMLA_PERM_HARNESS_OCCUPANCY 1
+#endif
+
 #include "../../csrc/launch.h"
 #include "../../csrc/plan.h"
 #include "../../csrc/serial_tiles.h"
@@ -969,6 +974,101 @@ void print_launch(const std::string& what, const fp::Launch& l) {
   std::printf("\n");
 }
 
+// Launches whose CTAs a SM were held against CUDA's occupancy calculator.
+int resident_checked = 0;
+
+// Each launch's CTAs a SM (launch.cpp ctas_per_sm) against the CUDA
+// toolkit's occupancy calculator (cuda_occupancy.h: what
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor computes) for an sm_90 part
+// with `dev`'s figures and registers, and the carveout the executor asks for
+// (the most shared memory): the same count, or a grid of SMs x ctas_per_sm
+// is not one wave. Whether the driver grants that carveout is the device's
+// to say (tests/test_cuda_runtime.py asks the runtime there).
+#ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
+// CTAs of `kernel` a SM by CUDA's calculator on a part of compute capability
+// `major`.0 with `dev`'s figures, capped as the executor caps them; -1 where
+// the calculator refuses its input.
+int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, int threads, int64_t smem_bytes) {
+  cudaOccDeviceProp prop;
+  prop.computeMajor = major;
+  prop.computeMinor = 0;
+  prop.maxThreadsPerBlock = 1024;
+  prop.maxThreadsPerMultiprocessor = dev.threads_per_sm;
+  prop.regsPerBlock = dev.regs_per_sm;
+  prop.regsPerMultiprocessor = dev.regs_per_sm;
+  prop.warpSize = 32;
+  prop.sharedMemPerBlock = 48 * 1024;
+  prop.sharedMemPerMultiprocessor = static_cast<size_t>(dev.smem_per_sm);
+  prop.numSms = dev.sm_count;
+  prop.sharedMemPerBlockOptin = static_cast<size_t>(dev.smem_per_sm - dev.smem_reserved_per_cta);
+  prop.reservedSharedMemPerBlock = static_cast<size_t>(dev.smem_reserved_per_cta);
+  cudaOccDeviceState state;
+  state.carveoutConfig = SHAREDMEM_CARVEOUT_MAX_SHARED;  // the executor's cudaSharedmemCarveoutMaxShared
+  cudaOccFuncAttributes attr;
+  attr.maxThreadsPerBlock = fp::kGpuThreads;  // __launch_bounds__
+  attr.numRegs = dev.regs[static_cast<int>(kernel)];
+  attr.sharedSizeBytes = 0;  // dynamic shared memory only
+  attr.maxDynamicSharedSizeBytes = 48 * 1024;
+  attr.numBlockBarriers = 1;
+  cudaOccResult r;
+  if (cudaOccMaxActiveBlocksPerMultiprocessor(&r, &prop, &attr, &state, threads, static_cast<size_t>(smem_bytes)) !=
+      CUDA_OCC_SUCCESS)
+    return -1;
+  return std::min(r.activeBlocksPerMultiprocessor, dev.max_ctas_per_sm);
+}
+#endif
+
+bool resident_as_cuda_counts(const std::string& what, const std::vector<fp::Launch>& launches,
+                             const fp::DeviceSpec& dev) {
+#ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
+  for (const fp::Launch& l : launches) {
+    const int cuda = cuda_ctas_per_sm(dev, 9, l.kernel, l.threads, l.smem_bytes);
+    if (cuda != l.ctas_per_sm) {
+      std::printf("FAIL %s: %s planned %d CTAs a SM, CUDA's occupancy calculator gives %d\n", what.c_str(),
+                  fp::kernel_name(l.kernel), l.ctas_per_sm, cuda);
+      return false;
+    }
+    ++resident_checked;
+  }
+#else
+  (void)what, (void)launches, (void)dev;
+#endif
+  return true;
+}
+
+// ctas_per_sm where each limit binds in turn (in the model's launches the
+// registers do), on an sm_90 part (228 KiB a SM) and an sm_80 one (164 KiB),
+// against CUDA's calculator: registers 16 to 255, dynamic shared memory up
+// to the 48 KiB a launch may ask without opting in, capped or not.
+void check_ctas_per_sm_grid() {
+#ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
+  int wrong = 0, points = 0;
+  for (const auto& [major, smem_per_sm] : {std::pair<int, int64_t>{9, 228 * 1024}, {8, 164 * 1024}})
+    for (int regs = 16; regs <= 255; regs += 7)
+      for (int64_t smem : {0, 16, 1000, 4096, 10240, 12416, 16384, 20480, 26112, 30976, 32768, 40960, 49152})
+        for (int cap : {32, 3}) {
+          fp::DeviceSpec d;
+          d.smem_per_sm = smem_per_sm;
+          d.max_ctas_per_sm = cap;
+          d.regs[static_cast<int>(fp::Kernel::kCols)] = regs;
+          const int ours = fp::ctas_per_sm(d, fp::Kernel::kCols, fp::kGpuThreads, smem);
+          const int cuda = cuda_ctas_per_sm(d, major, fp::Kernel::kCols, fp::kGpuThreads, smem);
+          ++points;
+          if (ours != cuda && wrong++ < 5)
+            std::printf("  sm_%d0, %d registers, %lld bytes of shared memory, at most %d: ours %d, CUDA's %d\n", major,
+                        regs, static_cast<long long>(smem), cap, ours, cuda);
+        }
+  report(wrong == 0, "ctas_per_sm as CUDA's occupancy calculator counts, " + std::to_string(points) + " points (" +
+                         std::to_string(wrong) + " differ)");
+#endif
+}
+
+// Prints a model op's launches; whether their CTAs a SM are CUDA's count.
+bool show_launches(const std::string& what, const std::vector<fp::Launch>& launches, const fp::DeviceSpec& dev) {
+  for (const auto& l : launches) print_launch(what, l);
+  return resident_as_cuda_counts(what, launches, dev);
+}
+
 // A device spec as the sweep's environment plans it, and its name.
 struct Variant {
   int col_stages = 1;
@@ -1000,14 +1100,14 @@ void model_wq_b(int tp, Variant variant = {}) {
   std::vector<fp::Launch> launches =
       fp::gpu_row_launches(views, 2, plan, plan.index.data(), variant.spec());
   const std::string name = "wq_b tp" + std::to_string(tp) + variant.name();
-  for (const auto& l : launches) print_launch(name, l);
+  const bool resident = show_launches(name, launches, variant.spec());
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
   // The default budget plans the stages asked for at every TP; a smaller
   // one may leave a tile several passes, which two stages refuse.
   const int stages = launches.empty() ? 0 : launches[0].stages;
   const bool stages_ok = variant.tile_budget ? stages >= 1 && stages <= variant.row_stages : stages == variant.row_stages;
-  report(launches.size() == 1 && stages_ok && w.buf == ew && s.buf == es, "model " + name);
+  report(resident && launches.size() == 1 && stages_ok && w.buf == ew && s.buf == es, "model " + name);
 }
 
 void model_wo_a(int tp, Variant variant = {}) {
@@ -1023,10 +1123,10 @@ void model_wo_a(int tp, Variant variant = {}) {
   const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
   std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, variant.spec());
   const std::string name = "wo_a tp" + std::to_string(tp) + variant.name();
-  for (const auto& l : launches) print_launch(name, l);
+  const bool resident = show_launches(name, launches, variant.spec());
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && launches[0].stages == variant.col_stages && w.buf == ew && s.buf == es,
+  report(resident && launches.size() == 1 && launches[0].stages == variant.col_stages && w.buf == ew && s.buf == es,
          "model " + name);
 }
 
@@ -1047,10 +1147,10 @@ void model_wq_b_packed(int tp) {
                                 fp::unit_views(s.data(), {rows, 4}, plan.unit_rows, s.others(0), 4).front()};
   std::vector<fp::Launch> launches =
       fp::gpu_row_launches(views, 2, plan, plan.index.data(), fp::DeviceSpec{});
-  for (const auto& l : launches) print_launch("wq_b packed tp" + std::to_string(tp), l);
+  const bool resident = show_launches("wq_b packed tp" + std::to_string(tp), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b packed MN-major scale tp" + std::to_string(tp));
+  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b packed MN-major scale tp" + std::to_string(tp));
 }
 
 // FlashMLA's wv: fp8 [n_groups, out, 8 * 512] and its packed scale int32
@@ -1079,10 +1179,10 @@ void model_wv_packed(int tp) {
   const fp::ColPlan* plans[] = {&wplan, &splan};
   const int32_t* offsets[] = {wplan.source_offset.data(), splan.source_offset.data()};
   std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, fp::DeviceSpec{});
-  for (const auto& l : launches) print_launch("wv packed tp" + std::to_string(tp), l);
+  const bool resident = show_launches("wv packed tp" + std::to_string(tp), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && w.buf == ew && s.buf == es, "model wv packed scale tp" + std::to_string(tp));
+  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es, "model wv packed scale tp" + std::to_string(tp));
 }
 
 void model_permute_q(int64_t heads, int64_t tokens) {
@@ -1095,10 +1195,10 @@ void model_permute_q(int64_t heads, int64_t tokens) {
   const fp::ColPlan* plans[] = {&plan};
   const int32_t* offsets[] = {plan.source_offset.data()};
   std::vector<fp::Launch> launches = fp::gpu_col_launches(&view, plans, offsets, 1, fp::DeviceSpec{});
-  for (const auto& l : launches) print_launch("permute_q h" + std::to_string(heads), l);
+  const bool resident = show_launches("permute_q h" + std::to_string(heads), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(launches.size() == 1 && dst.buf == expected, "model permute_q heads=" + std::to_string(heads));
+  report(resident && launches.size() == 1 && dst.buf == expected, "model permute_q heads=" + std::to_string(heads));
 }
 
 }  // namespace
@@ -1110,6 +1210,7 @@ int main(int argc, char** argv) {
     model |= std::string(argv[i]) == "--model";
   }
   if (model) {
+    check_ctas_per_sm_grid();
     for (int tp : {1, 2, 4, 8}) model_wq_b(tp);
     for (int tp : {1, 2, 4, 8}) model_wo_a(tp);
     // The device check's sweep variants (FLASHMLA_PERM_COL_STAGES, _ROW_STAGES, _TILE_BUDGET):
@@ -1130,6 +1231,13 @@ int main(int argc, char** argv) {
   if (misaligned) {
     std::printf("FAIL %d staged vectors misaligned for their width\n", misaligned);
     ++failures;
+  }
+  if (model) {
+#ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
+    std::printf("%d launches' CTAs a SM as CUDA's occupancy calculator counts them\n", resident_checked);
+#else
+    std::printf("NOTE CTAs a SM not held against CUDA's occupancy calculator: no cuda_occupancy.h\n");
+#endif
   }
   std::printf("%d passed, %d failed\n", cases - failures, failures);
   return failures == 0 ? 0 : 1;
