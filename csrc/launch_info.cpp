@@ -18,8 +18,8 @@ uint8_t* fake_address(int i) { return reinterpret_cast<uint8_t*>(uintptr_t{1} <<
 
 // DeviceSpec's fields by name (f(name, field)): the one list that
 // device_spec reads and device_fields writes.
-template <class F>
-void for_each_field(DeviceSpec& dev, F f) {
+template <class Spec, class F>
+void for_each_field(Spec& dev, F f) {
   f("sm_count", dev.sm_count);
   f("smem_per_sm", dev.smem_per_sm);
   f("smem_reserved_per_cta", dev.smem_reserved_per_cta);
@@ -128,9 +128,8 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
 }  // namespace
 
 DeviceFields device_fields(const DeviceSpec& spec) {
-  DeviceSpec dev = spec;
   DeviceFields fields;
-  for_each_field(dev, [&](const char* name, auto& field) { fields[name] = field; });
+  for_each_field(spec, [&](const char* name, const auto& field) { fields[name] = field; });
   return fields;
 }
 

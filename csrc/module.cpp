@@ -143,7 +143,9 @@ PYBIND11_MODULE(_C, m) {
         "(csrc/launch_info.h); device: DeviceSpec fields by name, an H200's by default.");
   m.def(
       "gpu_device_fields",
-      [](const std::optional<fp::DeviceFields>& device) { return fp::device_fields(device.value_or(fp::DeviceFields{})); },
+      [](const std::optional<fp::DeviceFields>& device) {
+        return fp::device_fields(device.value_or(fp::DeviceFields{}));
+      },
       py::arg("device") = py::none(),
       "gpu_device_fields(device=None): every DeviceSpec field gpu_launches plans with for these fields "
       "(an H200's where absent).");

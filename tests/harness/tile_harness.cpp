@@ -977,13 +977,6 @@ void print_launch(const std::string& what, const fp::Launch& l) {
 // Launches whose CTAs a SM were held against CUDA's occupancy calculator.
 int resident_checked = 0;
 
-// Each launch's CTAs a SM (launch.cpp ctas_per_sm) against the CUDA
-// toolkit's occupancy calculator (cuda_occupancy.h: what
-// cudaOccupancyMaxActiveBlocksPerMultiprocessor computes) for an sm_90 part
-// with `dev`'s figures and registers, and the carveout the executor asks for
-// (the most shared memory): the same count, or a grid of SMs x ctas_per_sm
-// is not one wave. Whether the driver grants that carveout is the device's
-// to say (tests/test_cuda_runtime.py asks the runtime there).
 #ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
 // CTAs of `kernel` a SM by CUDA's calculator on a part of compute capability
 // `major`.0 with `dev`'s figures, capped as the executor caps them; -1 where
@@ -1018,6 +1011,13 @@ int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, in
 }
 #endif
 
+// Each launch's CTAs a SM (launch.cpp ctas_per_sm) against the CUDA
+// toolkit's occupancy calculator (cuda_occupancy.h: what
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor computes) for an sm_90 part
+// with `dev`'s figures and registers, and the carveout the executor asks for
+// (the most shared memory): the same count, or a grid of SMs x ctas_per_sm
+// is not one wave. Whether the driver grants that carveout is the device's
+// to say (tests/test_cuda_runtime.py asks the runtime there).
 bool resident_as_cuda_counts(const std::string& what, const std::vector<fp::Launch>& launches,
                              const fp::DeviceSpec& dev) {
 #ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
