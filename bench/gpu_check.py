@@ -46,7 +46,8 @@ one budget, the figures most wanted first:
   model      bench/gpu_model.py --json $OUT/model.json (--ptxas-log build.log); with the
              bench's rows, --measured: predicted vs measured and a fit ($OUT/model_fit.json);
              with the sweep's, --sweep: each plan predicted vs measured, and one fit
-             across them ($OUT/sweep_model.json). Last: it needs no GPU, and
+             across them for each explanation, a tile's round trip or each
+             warp's issue, and which fits better ($OUT/sweep_model.json). Last: it needs no GPU, and
              build.log, bench.json and sweep.json rerun it anywhere
 
 gpu_check.json ($OUT, default /tmp/gpu_check) is rewritten as each step
@@ -870,10 +871,17 @@ def scaling_figures(doc):
 
 
 def sweep_fit(doc):
-    """The model's one fit across the sweep's plans (sweep_model.json), if any."""
+    """The model's one fit across the sweep's plans (sweep_model.json), if
+    any: a tile's round trip's, and which explanation fits the plans better
+    (and the warp issue fit's figures)."""
     if not isinstance(doc, dict) or not doc.get("fitted"):
         return {}
-    return {"sweep_fitted": doc["fitted"], "sweep_worst_ratio": round(doc["worst_ratio"], 3)}
+    out = {"sweep_fitted": doc["fitted"], "sweep_worst_ratio": round(doc["worst_ratio"], 3)}
+    warp = (doc.get("explanations") or {}).get("warp_issue")
+    if warp:
+        out.update(sweep_better=doc.get("better"), sweep_warp_fitted=warp["fitted"],
+                   sweep_warp_worst_ratio=round(warp["worst_ratio"], 3))
+    return out
 
 
 def figures(cfg, name):
@@ -1082,6 +1090,10 @@ def short(name, f):
         if "sweep_fitted" in f:
             s += (f"; one fit across the sweep's plans: latency {f['sweep_fitted']['latency_us']:.3g} us, "
                   f"ipc {f['sweep_fitted']['ipc']:.3g}, worst point x{f['sweep_worst_ratio']:.2f}")
+        if "sweep_warp_fitted" in f:
+            s += (f"; warp issue: a warp's {f['sweep_warp_fitted']['warp_cpi']:.3g} cycles an instruction, "
+                  f"ipc {f['sweep_warp_fitted']['ipc']:.3g}, worst point x{f['sweep_warp_worst_ratio']:.2f}; "
+                  f"better explained by {f['sweep_better']}")
         return s
     if name == "ncu":
         return "; ".join(

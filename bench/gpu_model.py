@@ -14,7 +14,8 @@ the time split by cause.
     python bench/gpu_model.py --measured gpu_check.json   # predicted vs measured, and a fit; and,
                                                           # without the model, each backend's fixed cost
                                                           # and bandwidth across TPs
-    python bench/gpu_model.py --sweep sweep.json          # the check's plans, one fit across them
+    python bench/gpu_model.py --sweep sweep.json          # the check's plans, one fit across them for each
+                                                          # explanation (a tile's round trip, each warp's issue)
 
 The model (docs/PERFORMANCE.md, "GPU performance model"):
 
@@ -31,8 +32,9 @@ The model (docs/PERFORMANCE.md, "GPU performance model"):
     Issuing costs SM cycles: instructions per item (from the SASS) x items /
     32 lanes / (schedulers x instructions a clock), plus shared-memory bank
     conflict replays in the store loop; the CTAs issuing on one SM share it
-    equally. While a CTA issues its stores it has no loads in flight, so with
-    few CTAs per SM the pipe stands idle (Little's law);
+    equally, none faster than its warps allow where `--warp-cpi` sets how
+    often a warp can issue. While a CTA issues its stores it has no loads
+    in flight, so with few CTAs per SM the pipe stands idle (Little's law);
   * the kernel's time is split by cause through counterfactual runs of the
     same simulation (`components`, microseconds; they sum to the prediction):
     launch, latency (one, as the copy), dram (2N / bandwidth), idle (the
@@ -120,6 +122,7 @@ H200 = {
     "ipc": 1.0,           # instructions a scheduler issues a clock (at most one)
     "memory": "fifo",     # how the memory pipe serves its transfers (PIPES)
     "tile_cycles": 400,   # per tile: its setup (64-bit tile geometry), cp.async wait, two barriers; an estimate
+    "warp_cpi": 0.0,      # cycles a warp needs between its instructions at best (0: no limit but the SM's)
     "smem_wavefront_bytes": 128,  # shared memory serves 128 bytes a clock per SM (32 banks x 4 bytes)
 }
 
@@ -128,7 +131,8 @@ H200 = {
 # wq_b and wo_a at TP 1-8; docs/PERFORMANCE.md): the bandwidth and launch of
 # the benchmark's copies, and the load latency a tile sees and the issue rate
 # that best explain the kernels' device times. The default since that run.
-H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753, "memory": "fifo"}
+H200_MEASURED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753, "memory": "fifo",
+                 "warp_cpi": 0.0}
 H200_RUNTIME_PEAK_TBPS = 2 * 3.201e9 * 6144 / 8 / 1e12  # 4.917: the runtime's clock x bus, not the data sheet's
 FIGURE_SETS = {"measured": "fitted to the H200 run of 2026-12-04",
                "stated": "data sheet and microbenchmarks, before any device run"}
@@ -165,8 +169,17 @@ def parse_args(argv=None):
     d.add_argument("--memory", choices=tuple(PIPES), default=None,
                    help="how the memory pipe serves the transfers in it: shared (every one at an equal share, "
                         "as DRAM interleaves the requests it holds) or fifo (one at a time, whole)")
+    d.add_argument("--warp-cpi", type=float, default=None,
+                   help="cycles a warp needs from one instruction to its next at best, its dependent chain "
+                        "(the per-item index loads, FastDivs and 64-bit addresses), so that a CTA of W warps "
+                        "issues at most W / this a clock whatever the SM has spare: then fewer CTAs a SM issue "
+                        "slower (0, the default: no such limit, only the SM's issue rate)")
     d.add_argument("--tile-cycles", type=float, default=H200["tile_cycles"],
                    help="SM cycles per tile outside the item loops (stated estimate)")
+    d.add_argument("--tile-instructions", type=float, default=0.0,
+                   help="warp instructions per tile outside the item loops, in place of --tile-cycles: "
+                        "SM cycles at the issue rate (so that a fit of the issue rate keeps a tile's "
+                        "instructions, not its cycles; 0: --tile-cycles)")
     r = p.add_argument_group("kernels")
     r.add_argument("--sass", metavar="SO_OR_SASS",
                    help="count instructions per item from this build (.so: cuobjdump -sass; or its text)")
@@ -730,8 +743,14 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     and land no earlier than `latency` after it ends; its stores are
     servable from its store loop's start (nobody waits for them). SM: the
     CTAs issuing on one SM share its cycles equally (processor sharing), at
-    `clock`."""
+    `clock`, none faster than its warps allow (issue_cap)."""
     bw, latency, clock, sms = fig["bw"], fig["latency"], fig["clock"], fig["sms"]
+    cap = issue_cap(fig)
+
+    def rate(ctas):
+        """SM cycles a second each of `ctas` CTAs issuing on one SM gets."""
+        return clock * min(1.0 / ctas, cap)
+
     work = [[] for _ in range(grid)]
     for t, tile in enumerate(tiles):
         work[t % grid].append(tile)
@@ -765,7 +784,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         its clock equally)."""
         ctas = sm_ctas[sm]
         if ctas:
-            spent = clock / len(ctas) * (now - sm_clock[sm])
+            spent = rate(len(ctas)) * (now - sm_clock[sm])
             for c in ctas:
                 left[c] -= spent
         sm_clock[sm] = now
@@ -779,7 +798,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         version[sm] += 1
         if ctas:
             first = min(ctas, key=left.__getitem__)
-            push(now + max(left[first], 0.0) / (clock / len(ctas)), "issued", first, version[sm])
+            push(now + max(left[first], 0.0) / rate(len(ctas)), "issued", first, version[sm])
 
     def maybe_land(c, k):
         if k in served[c] and k in stage_end[c]:
@@ -855,11 +874,15 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
 
 def issue_bound(tiles, grid, fig, bank=True):
     """Time (s) the busiest SM needs to issue its tiles, with nothing else in
-    the way: what issuing costs were it fully overlapped with memory."""
-    per_sm = [0.0] * fig["sms"]
+    the way: what issuing costs were it fully overlapped with memory (at the
+    rate its CTAs' warps allow, where that is below the SM's)."""
+    per_sm, ctas = [0.0] * fig["sms"], [0] * fig["sms"]
     for t, tile in enumerate(tiles):
         per_sm[(t % grid) % fig["sms"]] += tile.stage + tile.store - (0.0 if bank else tile.bank)
-    return max(per_sm) / fig["clock"]
+    for c in range(min(grid, len(tiles))):
+        ctas[c % fig["sms"]] += 1
+    cap = issue_cap(fig)
+    return max((cycles / min(1.0, n * cap) for cycles, n in zip(per_sm, ctas) if n), default=0.0) / fig["clock"]
 
 
 def launch_components(launch, case, loops, fig):
@@ -883,9 +906,11 @@ def launch_components(launch, case, loops, fig):
 def figures(args):
     return {"bw": args.copy_tbps * 1e12, "latency": args.latency_us * 1e-6,
             "copy_latency": args.copy_latency_us * 1e-6, "clock": args.clock_ghz * 1e9,
-            "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc, "tile_cycles": args.tile_cycles,
+            "sms": args.sms, "schedulers": args.schedulers, "ipc": args.ipc,
+            "tile_cycles": (args.tile_instructions / (args.schedulers * args.ipc) if args.tile_instructions
+                            else args.tile_cycles),
             "launch": args.launch_us * 1e-6, "smem_wavefront_bytes": H200["smem_wavefront_bytes"],
-            "memory": args.memory}
+            "memory": args.memory, "warp_cpi": args.warp_cpi}
 
 
 def with_stages(launch, args):
@@ -901,8 +926,17 @@ def with_stages(launch, args):
 
 
 def launch_fig(launch, fig):
-    """The figures one launch simulates with: its tile buffers a CTA."""
-    return {**fig, "stages": launch.get("stages", 1)}
+    """The figures one launch simulates with: its tile buffers and warps a CTA."""
+    return {**fig, "stages": launch.get("stages", 1), "warps": launch.get("threads", 128) // 32}
+
+
+def issue_cap(fig):
+    """The most of its SM's issue rate one CTA can use: its warps, each
+    issuing once every warp_cpi cycles at best, over the SM's schedulers x
+    ipc a clock (inf with no warp_cpi: a CTA alone can use the whole SM)."""
+    if not fig.get("warp_cpi"):
+        return math.inf
+    return fig.get("warps", 4) / fig["warp_cpi"] / (fig["schedulers"] * fig["ipc"])
 
 
 # --------------------------------------------------------------------------- inputs: registers, launches
@@ -1207,15 +1241,43 @@ def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
 # near 2.9 and 1.8 us, issue rates 1.5 and 3.3).
 FIT_GRID = tuple((math.log(0.5) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
                  for i in range(9) for j in range(7))  # 0.5-8 us by sqrt(2), issue rates 0.25-2
+# The same for (log warp_cpi, log issue rate): 4-64 cycles by sqrt(2).
+WARP_FIT_GRID = tuple((math.log(4) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
+                      for i in range(9) for j in range(7))
+
+# A tile's instructions beyond its item loops, all its warps': 400 SM cycles
+# at the first run's fitted 0.753 a scheduler, 1205. (That run's ncu counted
+# 1242 a wq_b tile and 617 a wo_a tile beyond the item loops' counted paths:
+# 134 and 84 warp instructions an item against 106.5 and 71.9.)
+TILE_INSTRUCTIONS = H200["tile_cycles"] * H200["schedulers"] * H200_MEASURED["ipc"]
+WARP_CPI_START = 16.0  # where a warp_issue fit starts with no warp_cpi given (20 warps a SM at 1.29 a clock: 15.5)
+
+# What a fit may explain the native times by: the figures it fits, the grid
+# it starts from, and the figures it holds (a number, or one of args').
+# round_trip: a tile's loads take latency_us to land, and the SM issues at
+#   ipc (the fit the first device run's rows gave: 4.55 us, 0.753).
+# warp_issue: a tile's loads land after the copy's latency, and each warp
+#   issues once every warp_cpi cycles at best (its dependent chain of index
+#   loads, FastDivs and addresses), so that time grows as CTAs a SM fall but
+#   not as tiles shrink; a tile costs TILE_INSTRUCTIONS whatever issue rate
+#   it fits, since the warps' limit is on instructions, not SM cycles.
+# The sweep's plans tell the two apart: tile16k and tile8k cost round_trip a
+# round trip a tile, ctas1 and ctas2 cost warp_issue their missing warps.
+EXPLANATIONS = {
+    "round_trip": {"fit": ("latency_us", "ipc"), "grid": FIT_GRID,
+                   "hold": {"warp_cpi": 0.0, "tile_instructions": 0.0}},
+    "warp_issue": {"fit": ("warp_cpi", "ipc"), "grid": WARP_FIT_GRID,
+                   "hold": {"latency_us": "copy_latency_us", "tile_instructions": TILE_INSTRUCTIONS}},
+}
 
 
-def grid_started_fit(err, x0, evals):
-    """nelder_mead from the best of x0 and FIT_GRID, within `evals`
+def grid_started_fit(err, x0, evals, grid=FIT_GRID):
+    """nelder_mead from the best of x0 and the grid, within `evals`
     evaluations in all (from x0 alone where they would leave the simplex
     under 30: the plumbing checks' few)."""
-    if evals < len(FIT_GRID) + 31:
+    if evals < len(grid) + 31:
         return nelder_mead(err, x0, evals=evals)
-    starts = [list(x0)] + [list(g) for g in FIT_GRID]
+    starts = [list(x0)] + [list(g) for g in grid]
     return nelder_mead(err, min(starts, key=err), step=0.25, evals=evals - len(starts))
 
 
@@ -1240,19 +1302,27 @@ def point_predictions(args, loops, regs, C, points):
 _FIT_STATE = {}  # what forked workers of fit_points read: (args, loops, regs, C, points)
 
 
-def _predict_point(i, latency_us, ipc):
+def _predict_point(i, values):
     args, loops, regs, C, points = _FIT_STATE["state"]
-    args.latency_us, args.ipc = latency_us, ipc
+    for name, value in values.items():
+        setattr(args, name, value)
     return point_predictions(args, loops, regs, C, [points[i]])[0]
 
 
-def fit_points(args, loops, regs, C, points):
-    """The tiles' load latency (us) and the issue rate (instructions a
-    scheduler issues a clock) that best explain the points' measured native
-    times, fitted together (they trade against each other) on their
-    logarithms, into args. Returns each point's predicted seconds before and
-    after. The points of one evaluation simulate in parallel (forked
+def fit_points(args, loops, regs, C, points, explanation="round_trip"):
+    """The figures an explanation fits (EXPLANATIONS; by default the tiles'
+    load latency in us and the issue rate, instructions a scheduler issues a
+    clock) that best explain the points' measured native times, fitted
+    together (they trade against each other) on their logarithms, into args,
+    its held figures set first. Returns each point's predicted seconds before
+    and after. The points of one evaluation simulate in parallel (forked
     workers: the GPU machine has 16 cores, and a fit takes 160 evaluations)."""
+    how = EXPLANATIONS[explanation]
+    for name, value in how["hold"].items():
+        setattr(args, name, getattr(args, value) if isinstance(value, str) else value)
+    names = how["fit"]
+    if not args.warp_cpi and "warp_cpi" in names:
+        args.warp_cpi = WARP_CPI_START
     _FIT_STATE["state"] = (args, loops, regs, C, points)
     n = len(points)
     # Workers find _predict_point by its module's name, which a copy of this
@@ -1261,17 +1331,20 @@ def fit_points(args, loops, regs, C, points):
     pool = concurrent.futures.ProcessPoolExecutor(min(n, os.cpu_count() or 1),
                                                   mp_context=multiprocessing.get_context("fork")) if forked else None
     try:
-        def predict(latency_us, ipc):
-            return list((pool.map if pool else map)(_predict_point, range(n), [latency_us] * n, [ipc] * n))
+        def predict(x):
+            values = dict(zip(names, map(math.exp, x)))
+            return list((pool.map if pool else map)(_predict_point, range(n), [values] * n))
 
-        before = predict(args.latency_us, args.ipc)
+        x0 = [math.log(getattr(args, name)) for name in names]
+        before = predict(x0)
 
         def err(x):
-            return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(math.exp(x[0]), math.exp(x[1])), points))
+            return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(x), points))
 
-        best = grid_started_fit(err, [math.log(args.latency_us), math.log(args.ipc)], args.fit_evals)
-        args.latency_us, args.ipc = math.exp(best[0]), math.exp(best[1])
-        return before, predict(args.latency_us, args.ipc)
+        best = grid_started_fit(err, x0, args.fit_evals, how["grid"])
+        for name, x in zip(names, best):
+            setattr(args, name, math.exp(x))
+        return before, predict(best)
     finally:
         if pool:
             pool.shutdown()
@@ -1329,6 +1402,8 @@ def compare_measured(args, loops, regs, C):
 # The executor's environment (csrc/cuda_executor.cpp) as this model's arguments.
 PLAN_ENV = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas", "FLASHMLA_PERM_COL_STAGES": "col_stages",
             "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+# The same environment as gpu_launches' fields (DeviceSpec's names, csrc/launch.h).
+PLAN_FIELDS = {env: "max_ctas_per_sm" if arg == "max_ctas" else arg for env, arg in PLAN_ENV.items()}
 # Each of those arguments unset: the default plan (the stages: DeviceSpec's).
 PLAN_DEFAULTS = {"max_ctas": None, "col_stages": None, "row_stages": None, "tile_budget": 0}
 
@@ -1351,27 +1426,46 @@ def sweep_points(path):
 
 
 def compare_sweep(args, loops, regs, C):
-    """Each plan of a sweep predicted against measured, then the tiles'
-    latency and the issue rate fitted across all of them at once: one pair
-    of figures must explain every plan, or the model is missing a cause."""
+    """Each plan of a sweep predicted against measured, then each
+    explanation's figures (EXPLANATIONS) fitted across all of them at once:
+    one set of figures must explain every plan, or the model is missing a
+    cause; of the two, the one with the smaller error says which cause the
+    plans point to. The record's "fitted" and "worst_ratio" are round_trip's."""
     points = [p for p in sweep_points(args.sweep) if p[2] in {c.op for c in cases()}]
     if not points:
         print(f"gpu_model: no native TP1 rows of the model's ops in {args.sweep}: nothing to compare")
         return {}
-    before, after = fit_points(args, loops, regs, C, points)
+    given = {name: getattr(args, name) for name in ("latency_us", "ipc", "warp_cpi", "tile_instructions")}
+    fits = {}
+    for explanation, how in EXPLANATIONS.items():
+        for name, value in given.items():
+            setattr(args, name, value)
+        before, after = fit_points(args, loops, regs, C, points, explanation)
+        errors = [math.log(a / p[3]) for a, p in zip(after, points)]
+        fits[explanation] = {"fitted": {name: getattr(args, name) for name in how["fit"]},
+                             "held": {name: getattr(args, name) for name in how["hold"]},
+                             "worst_ratio": math.exp(max(map(abs, errors))),
+                             "rms_log_error": math.sqrt(sum(e * e for e in errors) / len(errors)),
+                             "before": before, "after": after}
+    first = fits["round_trip"]
     print(f"sweep: {args.sweep} (TP1; device us a layer)")
-    print(f"{'plan':14} {'op':6} {'measured':>9} {'predicted':>9} {'fitted':>9}")
+    print(f"{'plan':14} {'op':6} {'measured':>9} {'predicted':>9} {'round_trip':>10} {'warp_issue':>10}")
     records = []
-    for (label, plan, op, measured, _), b, a in zip(points, before, after):
-        print(f"{label:14} {op:6} {measured * 1e6:9.2f} {b * 1e6:9.2f} {a * 1e6:9.2f}")
+    for i, (label, plan, op, measured, _) in enumerate(points):
+        b, a, w = first["before"][i], first["after"][i], fits["warp_issue"]["after"][i]
+        print(f"{label:14} {op:6} {measured * 1e6:9.2f} {b * 1e6:9.2f} {a * 1e6:10.2f} {w * 1e6:10.2f}")
         overrides = {k: v for k, v in plan.items() if v != PLAN_DEFAULTS[k]}
         records.append({"plan": label, "overrides": overrides, "op": op, "measured_us": measured * 1e6,
-                        "predicted_us": b * 1e6, "fitted_us": a * 1e6})
-    worst = max(abs(math.log(r["fitted_us"] / r["measured_us"])) for r in records)
-    print(f"one fit across the plans: latency_us {args.latency_us:.4g}, ipc {args.ipc:.4g}; "
-          f"worst point off by {math.exp(worst) - 1:.0%}")
-    return {"points": records, "fitted": {"latency_us": args.latency_us, "ipc": args.ipc},
-            "worst_ratio": math.exp(worst)}
+                        "predicted_us": b * 1e6, "fitted_us": a * 1e6, "warp_issue_fitted_us": w * 1e6})
+    for explanation, f in fits.items():
+        figures_text = ", ".join(f"{k} {v:.4g}" for k, v in {**f["fitted"], **f["held"]}.items())
+        print(f"one fit across the plans, {explanation}: {figures_text}; worst point off by "
+              f"{f['worst_ratio'] - 1:.0%}, rms {f['rms_log_error']:.3f} (log)")
+    better = min(fits, key=lambda e: fits[e]["rms_log_error"])
+    print(f"the plans are explained better by {better}")
+    return {"points": records, "fitted": first["fitted"], "worst_ratio": first["worst_ratio"], "better": better,
+            "explanations": {e: {k: v for k, v in f.items() if k not in ("before", "after")}
+                             for e, f in fits.items()}}
 
 
 # --------------------------------------------------------------------------- main

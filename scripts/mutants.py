@@ -338,7 +338,7 @@ MUTANTS = [
       ["tests/test_gpu_model.py::test_the_sweep_plans_reach_the_launches", "harness --model"],
       "row tiles back to one buffer by default (the plan the fitted model put 13 % of wq_b's TP1 time on)"),
     M("fit-from-defaults-only", "bench/gpu_model.py",
-      "    if evals < len(FIT_GRID) + 31:",
+      "    if evals < len(grid) + 31:",
       "    if True:",
       ["tests/test_gpu_model.py::test_measured_round_trip"],
       "the fits start from the current figures alone (the simplex stalls on two-stage plateaus)"),
@@ -347,6 +347,16 @@ MUTANTS = [
       "        rc = step.python(*args, env=env)",
       ["tests/test_gpu_model.py::test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run"],
       "a sweep plan that fails takes the later plans with it"),
+    M("warp-limit-ignored", "bench/gpu_model.py",
+      '    if not fig.get("warp_cpi"):',
+      "    if True:",
+      ["tests/test_gpu_model.py::test_a_warp_limit_makes_fewer_ctas_issue_slower_and_smaller_tiles_do_not"],
+      "--warp-cpi changes nothing: a CTA issues as fast as its SM allows however few warps it has"),
+    M("sweep-names-round-trip-always", "bench/gpu_model.py",
+      '    better = min(fits, key=lambda e: fits[e]["rms_log_error"])',
+      '    better = "round_trip"',
+      ["tests/test_gpu_model.py::test_sweep_round_trip"],
+      "the sweep's model step says a tile's round trip explains the plans whichever fits them"),
 ]
 
 

@@ -475,17 +475,13 @@ def test_plan_evicted_while_its_kernels_are_queued(gen):
 # --------------------------------------------------------------------------- launches: one wave
 
 
-# The executor's plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
-PLAN_FIELDS = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm", "FLASHMLA_PERM_COL_STAGES": "col_stages",
-               "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
-
-
 def sweep_plans():
     """The default plan and the device check's sweep plans, as fields."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     import gpu_check
 
-    return [("default", {})] + [(label, {PLAN_FIELDS[k]: int(v) for k, v in env.items()})
+    fields = load_gpu_model().PLAN_FIELDS  # the executor's plan environment as gpu_launches' fields
+    return [("default", {})] + [(label, {fields[k]: int(v) for k, v in env.items()})
                                 for label, env, _ in gpu_check.SWEEP]
 
 

@@ -180,6 +180,29 @@ def test_halving_ctas_per_sm_with_one_stage_lowers_the_prediction():
     assert t2 == pytest.approx(t4, rel=0.02)
 
 
+def test_a_warp_limit_makes_fewer_ctas_issue_slower_and_smaller_tiles_do_not():
+    """warp_cpi (the warp_issue explanation): a CTA of 4 warps issues at most
+    4 / warp_cpi a clock, so an SM with a third of the CTAs issues a third as
+    fast; without it the CTAs left share the whole SM. Tiles cut in four
+    cost the same instructions, so the time stays but for a load latency a
+    tile."""
+    m = load_model()
+    cap = {**FIG, "warp_cpi": 8.0, "warps": 4}  # a CTA: 4 / 8 / (4 x 1) = 1/8 of its SM
+    tiles = [m.Tile(TILE / 64, 2000.0, 2000.0, 0.0)] * (132 * 6 * 4)  # issue-bound: few bytes, many cycles
+    assert m.issue_cap(FIG) == float("inf") and m.issue_cap(cap) == pytest.approx(0.125)
+    assert m.issue_bound(tiles, 132 * 2, cap) == pytest.approx(3 * m.issue_bound(tiles, 132 * 6, cap))
+    assert m.issue_bound(tiles, 132 * 2, FIG) == pytest.approx(m.issue_bound(tiles, 132 * 6, FIG))
+    t6, t2 = (m.simulate(tiles, 132 * n, cap) for n in (6, 2))
+    assert t2 == pytest.approx(3 * t6, rel=0.02), (t2, t6)
+    u6, u2 = (m.simulate(tiles, 132 * n, FIG) for n in (6, 2))
+    assert u2 < 1.2 * u6, (u2, u6)  # only the round trips two CTAs cannot cover
+    # With no load latency to pay a tile (warp_issue holds it at the copy's),
+    # quarter tiles take as long as whole ones.
+    quarters = [m.Tile(TILE / 256, 500.0, 500.0, 0.0)] * (4 * len(tiles))
+    no_wait = {**cap, "latency": 0.0}
+    assert m.simulate(quarters, 132 * 6, no_wait) == pytest.approx(m.simulate(tiles, 132 * 6, no_wait), rel=0.02)
+
+
 def test_components_sum_to_the_simulation():
     m = load_model()
     launch = direct_launch(1000, 6)
@@ -514,22 +537,35 @@ def test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run(tmp
     assert gpu_check.figures(Cfg(), "tests")["tests"] == 3  # tests.xml missing
 
 
+# Each explanation of the native times (bench/gpu_model.py EXPLANATIONS) at
+# figures of its own, away from the defaults: the flags that make a sweep,
+# and the figures its fit must find again.
+SWEEP_TRUTHS = {
+    "round_trip": (["--latency-us=1.4", "--ipc=0.45"], {"latency_us": 1.4, "ipc": 0.45}),
+    "warp_issue": (["--latency-us=0.7", "--ipc=1", "--warp-cpi=12", "--tile-instructions=1204.8"],
+                   {"warp_cpi": 12.0}),  # (the warps' limit binds at every plan: the SM's rate plays no part)
+}
+
+
 @pytest.mark.model_runs
 @needs_native
-def test_sweep_round_trip(tmp_path):
+@pytest.mark.parametrize("truth", SWEEP_TRUTHS)
+def test_sweep_round_trip(tmp_path, truth):
     """A sweep.json made by the model itself, each plan under its own
-    environment, with another tile latency and issue rate: the one fit
-    across the plans finds them again, and every plan fits."""
+    environment, under one explanation at other figures: the one fit across
+    the plans finds them again, every plan fits, and the sweep says which
+    explanation it is."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import gpu_check
 
     m = load_model()
+    flags_of_truth, figures = SWEEP_TRUTHS[truth]
+    assert set(figures) <= set(m.EXPLANATIONS[truth]["fit"])
     plans = [p for p in gpu_check.SWEEP if p[0] in ("ctas2", "tile16k", "col2")]
     doc = {}
     for label, env, kinds in plans:
         flags = [f"--{m.PLAN_ENV[k].replace('_', '-')}={v}" for k, v in env.items()]
-        proc, records = run_model(tmp_path, "--ops", kinds, "--latency-us=1.4", "--ipc=0.45", *flags,
-                                  name=f"{label}.json")
+        proc, records = run_model(tmp_path, "--ops", kinds, *flags_of_truth, *flags, name=f"{label}.json")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         doc[label] = {"env": env, "rows": {f"{r['op']} native": {"device_ms_per_layer": r["predicted_us"] / 1e3,
                                                                   "x_copy_device": 1.0}
@@ -539,9 +575,14 @@ def test_sweep_round_trip(tmp_path):
     proc, fit = run_model(tmp_path, "--sweep", str(sweep), name="fit.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(fit["points"]) == 5
-    assert fit["fitted"]["latency_us"] == pytest.approx(1.4, rel=0.02) and fit["fitted"]["ipc"] == pytest.approx(
-        0.45, rel=0.05), fit
-    assert fit["worst_ratio"] < 1.01
+    found = fit["explanations"][truth]
+    for name, value in figures.items():
+        assert found["fitted"][name] == pytest.approx(value, rel=0.05 if name == "ipc" else 0.02), fit
+    assert found["worst_ratio"] < 1.01 and fit["better"] == truth, fit
+    other = next(e for e in fit["explanations"] if e != truth)
+    assert fit["explanations"][other]["worst_ratio"] > 1.05, fit  # even these three plans tell the two apart
+    if truth == "round_trip":  # the record's own fit (gpu_check's summary reads it) is round_trip's
+        assert fit["fitted"] == found["fitted"] and fit["worst_ratio"] == found["worst_ratio"]
 
 
 FAKE_SASS = """
