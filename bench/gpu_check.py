@@ -1092,8 +1092,7 @@ def short(name, f):
                   f"ipc {f['sweep_fitted']['ipc']:.3g}, worst point x{f['sweep_worst_ratio']:.2f}")
         if "sweep_warp_fitted" in f:
             s += (f"; warp issue: a warp's {f['sweep_warp_fitted']['warp_cpi']:.3g} cycles an instruction, "
-                  f"ipc {f['sweep_warp_fitted']['ipc']:.3g}, worst point x{f['sweep_warp_worst_ratio']:.2f}; "
-                  f"better explained by {f['sweep_better']}")
+                  f"worst point x{f['sweep_warp_worst_ratio']:.2f}; better explained by {f['sweep_better']}")
         return s
     if name == "ncu":
         return "; ".join(

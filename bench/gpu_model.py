@@ -209,6 +209,10 @@ def parse_args(argv=None):
     p.add_argument("--measured", metavar="FILE",
                    help="a device run's gpu_check.json (or bench_load_time.py --json): predicted vs measured, fit")
     p.add_argument("--ops", help="only these ops (comma-separated)")
+    p.add_argument("--explanation", choices=tuple(EXPLANATIONS), default="round_trip",
+                   help="what --measured fits the native rows by (EXPLANATIONS; --sweep fits each): a tile's "
+                        "round trip (latency and issue rate) or each warp's issue (warp_cpi); the figures it "
+                        "holds replace the flags'")
     p.add_argument("--sweep", metavar="FILE",
                    help="a device check's sweep.json: each plan predicted vs measured, and one fit across them")
     p.add_argument("--fit-evals", type=int, default=160,
@@ -544,6 +548,11 @@ class Tile:
     store: float  # SM cycles issuing the stores, bank replays included
     bank: float   # of which bank-conflict replays
     inline: bool = False  # under two stages, runs whole in its store half (cta_program)
+    # Of `stage` and `store`, the cycles that are issuing (the rest: the
+    # shared-memory path, where it takes longer); None: all of them. Only a
+    # warp's limit (issue_cap) tells them apart.
+    stage_issue: float = None
+    store_issue: float = None
 
 
 def tile_bytes(job, cycles):
@@ -608,10 +617,12 @@ def job_tiles(job, case, j, loops, fig, stages=1):
     out = []
     for b in tile_bytes(job, case.cycles):
         items = b / vec
-        stage = max(sm_cycles(per_item.get("stage", 0), items, fig), items * write) if "stage" in per_item else 0.0
+        stage_issue = sm_cycles(per_item.get("stage", 0), items, fig) if "stage" in per_item else 0.0
+        stage = max(stage_issue, items * write) if "stage" in per_item else 0.0
         issue = sm_cycles(per_item["store"], items, fig)
         store, store_ideal = max(issue, items * (actual + write)), max(issue, items * (ideal + write))
-        out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal, inline))
+        out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal, inline,
+                        stage_issue + fig["tile_cycles"], issue))
     return out
 
 
@@ -630,8 +641,17 @@ def balanced(tiles, grid):
     the launch's tiles (bytes, cycles)."""
     per_cta = max(1, round(len(tiles) / grid))
     scale = len(tiles) / (per_cta * grid)
-    mean = Tile(*(sum(getattr(t, f) for t in tiles) / len(tiles) * scale for f in ("bytes", "stage", "store", "bank")))
+    mean = Tile(*(sum(getattr(t, f) for t in tiles) / len(tiles) * scale for f in ("bytes", "stage", "store", "bank")),
+                stage_issue=sum(issuing(t, "stage") for t in tiles) / len(tiles) * scale,
+                store_issue=sum(issuing(t, "store") for t in tiles) / len(tiles) * scale)
     return [mean] * (per_cta * grid)
+
+
+def issuing(tile, which, bank=True):
+    """SM cycles of a tile's stage or store loop that are issuing."""
+    given = tile.stage_issue if which == "stage" else tile.store_issue
+    total = tile.stage if which == "stage" else tile.store - (0.0 if bank else tile.bank)
+    return total if given is None else min(given, total)
 
 
 # --------------------------------------------------------------------------- the simulation
@@ -743,18 +763,18 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
     and land no earlier than `latency` after it ends; its stores are
     servable from its store loop's start (nobody waits for them). SM: the
     CTAs issuing on one SM share its cycles equally (processor sharing), at
-    `clock`, none faster than its warps allow (issue_cap)."""
+    `clock`, none faster than its warps allow (issue_cap over the issuing
+    part of its loop: the rest waits on the shared-memory path, which the
+    warps' limit does not slow), what a capped CTA leaves going to the
+    others."""
     bw, latency, clock, sms = fig["bw"], fig["latency"], fig["clock"], fig["sms"]
     cap = issue_cap(fig)
-
-    def rate(ctas):
-        """SM cycles a second each of `ctas` CTAs issuing on one SM gets."""
-        return clock * min(1.0 / ctas, cap)
 
     work = [[] for _ in range(grid)]
     for t, tile in enumerate(tiles):
         work[t % grid].append(tile)
     n = len(work)
+    issuing_part = [1.0] * n  # of each CTA's current loop's cycles, the part that is issuing
     prog = [cta_program(len(w), fig.get("stages", 1), [t.inline for t in w]) for w in work]
     pc = [0] * n             # the op each CTA is at
     left = [0.0] * n         # SM cycles left in the current issue op
@@ -779,14 +799,29 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
             return 0.0
         return tile.stage if which == "stage" else tile.store - (0.0 if bank else tile.bank)
 
+    def rates(ctas):
+        """SM cycles a second each of the SM's issuing CTAs gets: an equal
+        share, none more than its warps allow, what a capped one leaves
+        shared by the others (water-filling)."""
+        out, share = {}, 1.0
+        order = sorted(ctas, key=lambda c: cap / issuing_part[c] if issuing_part[c] > 0 else math.inf)
+        for i, c in enumerate(order):
+            most = cap / issuing_part[c] if issuing_part[c] > 0 else math.inf
+            out[c] = min(most, share / (len(order) - i))
+            share -= out[c]
+        return {c: clock * v for c, v in out.items()}
+
     def advance(sm, now):
         """Bring the SM's issuing CTAs' cycles left up to `now` (they share
-        its clock equally)."""
+        its clock equally, or by rates() under a warps' limit)."""
         ctas = sm_ctas[sm]
-        if ctas:
-            spent = rate(len(ctas)) * (now - sm_clock[sm])
+        if ctas and cap == math.inf:
+            spent = clock / len(ctas) * (now - sm_clock[sm])
             for c in ctas:
                 left[c] -= spent
+        elif ctas:
+            for c, r in rates(ctas).items():
+                left[c] -= r * (now - sm_clock[sm])
         sm_clock[sm] = now
 
     def schedule(sm, now):
@@ -796,9 +831,13 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         event an earlier share scheduled)."""
         ctas = sm_ctas[sm]
         version[sm] += 1
-        if ctas:
+        if ctas and cap == math.inf:
             first = min(ctas, key=left.__getitem__)
-            push(now + max(left[first], 0.0) / rate(len(ctas)), "issued", first, version[sm])
+            push(now + max(left[first], 0.0) / (clock / len(ctas)), "issued", first, version[sm])
+        elif ctas:
+            r = rates(ctas)
+            first = min(ctas, key=lambda c: left[c] / r[c])
+            push(now + max(left[first], 0.0) / r[first], "issued", first, version[sm])
 
     def maybe_land(c, k):
         if k in served[c] and k in stage_end[c]:
@@ -823,6 +862,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
             sm = sm_of[c]
             advance(sm, now)
             left[c] = cycles_of(work[c][k], op)
+            issuing_part[c] = issuing(work[c][k], op, bank) / left[c] if left[c] > 0 else 1.0
             sm_ctas[sm].append(c)
             schedule(sm, now)
             return
@@ -876,13 +916,16 @@ def issue_bound(tiles, grid, fig, bank=True):
     """Time (s) the busiest SM needs to issue its tiles, with nothing else in
     the way: what issuing costs were it fully overlapped with memory (at the
     rate its CTAs' warps allow, where that is below the SM's)."""
-    per_sm, ctas = [0.0] * fig["sms"], [0] * fig["sms"]
+    per_sm, issuing_sm, ctas = [0.0] * fig["sms"], [0.0] * fig["sms"], [0] * fig["sms"]
     for t, tile in enumerate(tiles):
-        per_sm[(t % grid) % fig["sms"]] += tile.stage + tile.store - (0.0 if bank else tile.bank)
+        sm = (t % grid) % fig["sms"]
+        per_sm[sm] += tile.stage + tile.store - (0.0 if bank else tile.bank)
+        issuing_sm[sm] += issuing(tile, "stage") + issuing(tile, "store", bank)
     for c in range(min(grid, len(tiles))):
         ctas[c % fig["sms"]] += 1
     cap = issue_cap(fig)
-    return max((cycles / min(1.0, n * cap) for cycles, n in zip(per_sm, ctas) if n), default=0.0) / fig["clock"]
+    return max((max(total, issue / min(1.0, n * cap)) for total, issue, n in zip(per_sm, issuing_sm, ctas) if n),
+               default=0.0) / fig["clock"]
 
 
 def launch_components(launch, case, loops, fig):
@@ -1033,8 +1076,10 @@ def print_table(args, records, sources):
     print(f"device: {args.card_name}, {args.sms} SMs at {args.clock_ghz} GHz, {args.schedulers} schedulers x "
           f"{args.ipc} instr/clk, "
           f"{args.smem_per_sm_kib} KiB shared memory; copy {args.copy_tbps:.4g} TB/s (read + write; HBM peak "
-          f"{args.hbm_tbps}), latency {args.latency_us} us, launch {args.launch_us} us, {args.tile_cycles:g} "
-          f"cycles a tile [{args.figures}: {FIGURE_SETS[args.figures]}; flags override]")
+          f"{args.hbm_tbps}), latency {args.latency_us} us, launch {args.launch_us} us, {fig['tile_cycles']:.4g} "
+          f"cycles a tile" + (f" ({args.tile_instructions:g} instructions)" if args.tile_instructions else "")
+          + (f", a warp {args.warp_cpi:g} cycles an instruction at best" if args.warp_cpi else "")
+          + f" [{args.figures}: {FIGURE_SETS[args.figures]}; flags override]")
     for name, src in sources.items():
         print(f"{name}: {src}")
     print(f"loads in flight for full bandwidth (bandwidth/2 x latency): {need / MiB:.2f} MiB, "
@@ -1241,9 +1286,8 @@ def nelder_mead(err, x0, step=0.5, evals=120, tol=1e-4):
 # near 2.9 and 1.8 us, issue rates 1.5 and 3.3).
 FIT_GRID = tuple((math.log(0.5) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
                  for i in range(9) for j in range(7))  # 0.5-8 us by sqrt(2), issue rates 0.25-2
-# The same for (log warp_cpi, log issue rate): 4-64 cycles by sqrt(2).
-WARP_FIT_GRID = tuple((math.log(4) + i * math.log(2) / 2, math.log(0.25) + j * math.log(2) / 2)
-                      for i in range(9) for j in range(7))
+# The same for log warp_cpi: 4-64 cycles by sqrt(2).
+WARP_FIT_GRID = tuple((math.log(4) + i * math.log(2) / 2,) for i in range(9))
 
 # A tile's instructions beyond its item loops, all its warps': 400 SM cycles
 # at the first run's fitted 0.753 a scheduler, 1205. (That run's ncu counted
@@ -1259,15 +1303,19 @@ WARP_CPI_START = 16.0  # where a warp_issue fit starts with no warp_cpi given (2
 # warp_issue: a tile's loads land after the copy's latency, and each warp
 #   issues once every warp_cpi cycles at best (its dependent chain of index
 #   loads, FastDivs and addresses), so that time grows as CTAs a SM fall but
-#   not as tiles shrink; a tile costs TILE_INSTRUCTIONS whatever issue rate
-#   it fits, since the warps' limit is on instructions, not SM cycles.
+#   not as tiles shrink; the SM's schedulers could issue one a clock each
+#   (ipc 1, the hardware's most), and a tile costs TILE_INSTRUCTIONS. (ipc
+#   is held, not fitted: the loops' time is the larger of their issue and
+#   their shared-memory cycles, and the warps' limit slows both, so a fitted
+#   rate over 1 would make the shared-memory side bind and slow it with the
+#   warps: no hardware does that.)
 # The sweep's plans tell the two apart: tile16k and tile8k cost round_trip a
 # round trip a tile, ctas1 and ctas2 cost warp_issue their missing warps.
 EXPLANATIONS = {
     "round_trip": {"fit": ("latency_us", "ipc"), "grid": FIT_GRID,
                    "hold": {"warp_cpi": 0.0, "tile_instructions": 0.0}},
-    "warp_issue": {"fit": ("warp_cpi", "ipc"), "grid": WARP_FIT_GRID,
-                   "hold": {"latency_us": "copy_latency_us", "tile_instructions": TILE_INSTRUCTIONS}},
+    "warp_issue": {"fit": ("warp_cpi",), "grid": WARP_FIT_GRID,
+                   "hold": {"latency_us": "copy_latency_us", "ipc": 1.0, "tile_instructions": TILE_INSTRUCTIONS}},
 }
 
 
@@ -1382,12 +1430,15 @@ def compare_measured(args, loops, regs, C):
     plan = {a: getattr(args, a) for a in PLAN_ENV.values()}  # the run's: the arguments'
     points = [(None, plan, r["op"], rows[(r["op"], r["tp"], "native")]["device_ms_per_layer"] * 1e-3, r["tp"])
               for r in records if (r["op"], r["tp"], "native") in rows]
+    how = EXPLANATIONS[args.explanation]
     if points:
-        fit_points(args, loops, regs, C, points)
-        fitted["latency_us"], fitted["ipc"] = args.latency_us, args.ipc
+        fit_points(args, loops, regs, C, points, args.explanation)
+        fitted.update({name: getattr(args, name) for name in how["fit"]})
+    held = {name: getattr(args, name) for name in how["hold"]}
     print("fit: " + ", ".join(f"{k} {v:.4g}" for k, v in fitted.items())
           + f" (the copies give bandwidth and launch + their latency, held at {args.copy_latency_us} us;"
-          " the native rows give the tiles' latency and the issue rate)")
+          f" the native rows give {' and '.join(how['fit'])}, explained by {args.explanation}, which holds "
+          + ", ".join(f"{k} {v:.4g}" for k, v in held.items()) + ")")
     after = model_cases(args, figures(args), loops, regs, C, ops)
     for r in after:
         m = rows.get((r["op"], r["tp"], "native"))
@@ -1436,23 +1487,24 @@ def compare_sweep(args, loops, regs, C):
         print(f"gpu_model: no native TP1 rows of the model's ops in {args.sweep}: nothing to compare")
         return {}
     given = {name: getattr(args, name) for name in ("latency_us", "ipc", "warp_cpi", "tile_instructions")}
+    predicted = point_predictions(args, loops, regs, C, points)  # at the figures given
     fits = {}
     for explanation, how in EXPLANATIONS.items():
         for name, value in given.items():
             setattr(args, name, value)
-        before, after = fit_points(args, loops, regs, C, points, explanation)
+        _, after = fit_points(args, loops, regs, C, points, explanation)
         errors = [math.log(a / p[3]) for a, p in zip(after, points)]
         fits[explanation] = {"fitted": {name: getattr(args, name) for name in how["fit"]},
                              "held": {name: getattr(args, name) for name in how["hold"]},
                              "worst_ratio": math.exp(max(map(abs, errors))),
                              "rms_log_error": math.sqrt(sum(e * e for e in errors) / len(errors)),
-                             "before": before, "after": after}
+                             "after": after}
     first = fits["round_trip"]
     print(f"sweep: {args.sweep} (TP1; device us a layer)")
     print(f"{'plan':14} {'op':6} {'measured':>9} {'predicted':>9} {'round_trip':>10} {'warp_issue':>10}")
     records = []
     for i, (label, plan, op, measured, _) in enumerate(points):
-        b, a, w = first["before"][i], first["after"][i], fits["warp_issue"]["after"][i]
+        b, a, w = predicted[i], first["after"][i], fits["warp_issue"]["after"][i]
         print(f"{label:14} {op:6} {measured * 1e6:9.2f} {b * 1e6:9.2f} {a * 1e6:10.2f} {w * 1e6:10.2f}")
         overrides = {k: v for k, v in plan.items() if v != PLAN_DEFAULTS[k]}
         records.append({"plan": label, "overrides": overrides, "op": op, "measured_us": measured * 1e6,
@@ -1464,7 +1516,7 @@ def compare_sweep(args, loops, regs, C):
     better = min(fits, key=lambda e: fits[e]["rms_log_error"])
     print(f"the plans are explained better by {better}")
     return {"points": records, "fitted": first["fitted"], "worst_ratio": first["worst_ratio"], "better": better,
-            "explanations": {e: {k: v for k, v in f.items() if k not in ("before", "after")}
+            "explanations": {e: {k: v for k, v in f.items() if k != "after"}
                              for e, f in fits.items()}}
 
 
@@ -1490,7 +1542,8 @@ def main(argv=None):
         fitted, scaling = compare_measured(args, loops, regs, _ops._C)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"measured": args.measured, "card": args.card_name, "fitted": fitted, "scaling": scaling},
+                json.dump({"measured": args.measured, "card": args.card_name, "explanation": args.explanation,
+                       "fitted": fitted, "scaling": scaling},
                           f, indent=2)
         return 0
     records = model_cases(args, figures(args), loops, regs, _ops._C)

@@ -196,11 +196,28 @@ def test_a_warp_limit_makes_fewer_ctas_issue_slower_and_smaller_tiles_do_not():
     assert t2 == pytest.approx(3 * t6, rel=0.02), (t2, t6)
     u6, u2 = (m.simulate(tiles, 132 * n, FIG) for n in (6, 2))
     assert u2 < 1.2 * u6, (u2, u6)  # only the round trips two CTAs cannot cover
+    # A loop that mostly waits on the shared-memory path (a tenth of it
+    # issuing) is not slowed by the warps' limit: that path is the SM's.
+    smem_bound = [m.Tile(TILE / 64, 2000.0, 2000.0, 0.0, False, 200.0, 200.0)] * len(tiles)
+    assert m.simulate(smem_bound, 132 * 2, cap) == pytest.approx(m.simulate(smem_bound, 132 * 2, FIG), rel=1e-9)
+    assert m.issue_bound(smem_bound, 132 * 2, cap) == pytest.approx(m.issue_bound(smem_bound, 132 * 2, FIG))
     # With no load latency to pay a tile (warp_issue holds it at the copy's),
     # quarter tiles take as long as whole ones.
     quarters = [m.Tile(TILE / 256, 500.0, 500.0, 0.0)] * (4 * len(tiles))
     no_wait = {**cap, "latency": 0.0}
     assert m.simulate(quarters, 132 * 6, no_wait) == pytest.approx(m.simulate(tiles, 132 * 6, no_wait), rel=0.02)
+
+
+def test_a_launch_gives_its_warps_and_a_tile_priced_in_instructions_keeps_them():
+    """launch_fig takes a CTA's warps from the launch's threads; a tile's
+    cost given in instructions (--tile-instructions) is that many whatever
+    the issue rate, where --tile-cycles is SM cycles."""
+    m = load_model()
+    assert m.launch_fig({"threads": 256}, FIG)["warps"] == 8
+    for ipc in (0.5, 1.0):
+        args = m.parse_args(["--tile-instructions", "1200", f"--ipc={ipc}"])
+        assert m.figures(args)["tile_cycles"] == pytest.approx(1200 / (4 * ipc))
+        assert m.figures(m.parse_args([f"--ipc={ipc}"]))["tile_cycles"] == m.H200["tile_cycles"]
 
 
 def test_components_sum_to_the_simulation():
@@ -543,7 +560,7 @@ def test_the_device_check_keeps_going_past_a_failed_plan_and_a_cut_short_run(tmp
 SWEEP_TRUTHS = {
     "round_trip": (["--latency-us=1.4", "--ipc=0.45"], {"latency_us": 1.4, "ipc": 0.45}),
     "warp_issue": (["--latency-us=0.7", "--ipc=1", "--warp-cpi=12", "--tile-instructions=1204.8"],
-                   {"warp_cpi": 12.0}),  # (the warps' limit binds at every plan: the SM's rate plays no part)
+                   {"warp_cpi": 12.0}),  # (warp_issue holds the issue rate at 1, the hardware's most)
 }
 
 
