@@ -1305,10 +1305,8 @@ WARP_CPI_START = 16.0  # where a warp_issue fit starts with no warp_cpi given (2
 #   loads, FastDivs and addresses), so that time grows as CTAs a SM fall but
 #   not as tiles shrink; the SM's schedulers could issue one a clock each
 #   (ipc 1, the hardware's most), and a tile costs TILE_INSTRUCTIONS. (ipc
-#   is held, not fitted: the loops' time is the larger of their issue and
-#   their shared-memory cycles, and the warps' limit slows both, so a fitted
-#   rate over 1 would make the shared-memory side bind and slow it with the
-#   warps: no hardware does that.)
+#   is held, not fitted: where the warps' limit binds the SM's rate plays
+#   no part, and a fit of it once ran past 1, which no scheduler issues.)
 # The sweep's plans tell the two apart: tile16k and tile8k cost round_trip a
 # round trip a tile, ctas1 and ctas2 cost warp_issue their missing warps.
 EXPLANATIONS = {
