@@ -803,11 +803,10 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
         """SM cycles a second each of the SM's issuing CTAs gets: an equal
         share, none more than its warps allow, what a capped one leaves
         shared by the others (water-filling)."""
+        most = {c: cap / issuing_part[c] if issuing_part[c] > 0 else math.inf for c in ctas}
         out, share = {}, 1.0
-        order = sorted(ctas, key=lambda c: cap / issuing_part[c] if issuing_part[c] > 0 else math.inf)
-        for i, c in enumerate(order):
-            most = cap / issuing_part[c] if issuing_part[c] > 0 else math.inf
-            out[c] = min(most, share / (len(order) - i))
+        for i, c in enumerate(sorted(ctas, key=most.__getitem__)):
+            out[c] = min(most[c], share / (len(ctas) - i))
             share -= out[c]
         return {c: clock * v for c, v in out.items()}
 
@@ -1360,8 +1359,8 @@ def fit_points(args, loops, regs, C, points, explanation="round_trip"):
     load latency in us and the issue rate, instructions a scheduler issues a
     clock) that best explain the points' measured native times, fitted
     together (they trade against each other) on their logarithms, into args,
-    its held figures set first. Returns each point's predicted seconds before
-    and after. The points of one evaluation simulate in parallel (forked
+    its held figures set first. Returns each point's predicted seconds at
+    the fitted figures. The points of one evaluation simulate in parallel (forked
     workers: the GPU machine has 16 cores, and a fit takes 160 evaluations)."""
     how = EXPLANATIONS[explanation]
     for name, value in how["hold"].items():
@@ -1382,7 +1381,6 @@ def fit_points(args, loops, regs, C, points, explanation="round_trip"):
             return list((pool.map if pool else map)(_predict_point, range(n), [values] * n))
 
         x0 = [math.log(getattr(args, name)) for name in names]
-        before = predict(x0)
 
         def err(x):
             return sum(math.log(p / m[3]) ** 2 for p, m in zip(predict(x), points))
@@ -1390,7 +1388,7 @@ def fit_points(args, loops, regs, C, points, explanation="round_trip"):
         best = grid_started_fit(err, x0, args.fit_evals, how["grid"])
         for name, x in zip(names, best):
             setattr(args, name, math.exp(x))
-        return before, predict(best)
+        return predict(best)
     finally:
         if pool:
             pool.shutdown()
@@ -1490,7 +1488,7 @@ def compare_sweep(args, loops, regs, C):
     for explanation, how in EXPLANATIONS.items():
         for name, value in given.items():
             setattr(args, name, value)
-        _, after = fit_points(args, loops, regs, C, points, explanation)
+        after = fit_points(args, loops, regs, C, points, explanation)
         errors = [math.log(a / p[3]) for a, p in zip(after, points)]
         fits[explanation] = {"fitted": {name: getattr(args, name) for name in how["fit"]},
                              "held": {name: getattr(args, name) for name in how["hold"]},
