@@ -75,7 +75,7 @@ TOKENS, Q_ELEMENT_SIZE = 4096, 2
 TPS = (1, 2, 4, 8)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
-DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
+DEFAULT_REGS = {"rows": 92, "save_heads": 72, "cols": 80}
 
 # Instructions per item (one V-byte vector) of each kernel's inner loops, on
 # the path a full batch takes: read with `--sass` from the sm_90 SASS of the
@@ -93,23 +93,29 @@ DEFAULT_REGS = {"rows": 96, "save_heads": 72, "cols": 80}
 # two-stage copy (FLASHMLA_PERM_ROW_STAGES; its V = 16 loops averaged the
 # same way since), rows 47 + 59.5 and 12520 in the kernel; the direct
 # kernel 40 + 32.8 and 15664 before its two-stage loop and the rows' shared
-# one dispatch (two_stage_tiles in csrc/cuda_kernels.cu).
+# one dispatch (two_stage_tiles in csrc/cuda_kernels.cu). Before the row
+# loops went a warp a line (csrc/tile_bodies.h Warp; 2026-12-06), rows took
+# 47.3 + 59.5 an item (V = 16; 47 + 59.5 at V = 8), every item its own
+# position load and address, and 15552 instructions in the kernel.
 # Key: (job kind, phase, V, bytes of the shared-memory piece the store loop
 # reads; 0 for the stage loop). `python bench/gpu_model.py --sass SO` prints
 # a build's counts.
-SASS_BUILD = ("the CUDA build with two-stage staged column and row tiles built in (nvcc 13.0, sm_90; gathered "
-              "slices, FastDiv item splits in every loop, LDS in the rows store)")
-# (instructions per item, 32-bit divisions per item) on that path.
+SASS_BUILD = ("the CUDA build with row loops a warp a line (nvcc 13.0, sm_90; gathered slices, FastDiv item "
+              "splits in the column loops, LDS in the rows store, two-stage staged column and row tiles)")
+# (instructions per item, 32-bit divisions per item) on that path; row loops
+# also (instructions a warp adds once a line, items a lane moves a trip,
+# instructions of a narrow line's one-vector trip): item_instructions
+# prices them by the job's line widths.
 SASS_DEFAULTS = {
-    ("rows", "stage", 16, 0): (47.3, 0.0), ("rows", "store", 16, 16): (59.5, 0.0),
-    ("rows", "stage", 8, 0): (47.0, 0.0), ("rows", "store", 8, 8): (59.5, 0.0),
+    ("rows", "stage", 16, 0): (10.0, 0.0, 49.0, 1.0, 10.0), ("rows", "store", 16, 16): (5.5, 0.0, 60.5, 4.0, 8.0),
+    ("rows", "stage", 8, 0): (10.0, 0.0, 53.0, 1.0, 10.0), ("rows", "store", 8, 8): (5.5, 0.0, 58.0, 4.0, 8.0),
     ("cols_staged", "gather_stage", 16, 0): (37.8, 0.0), ("cols_staged", "linear_store", 16, 16): (33.5, 0.0),
     ("cols_staged", "stage", 16, 0): (40.0, 0.0), ("cols_staged", "store", 16, 1): (121.5, 0.0),
     ("cols_staged", "stage", 4, 0): (37.5, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
     ("cols_direct", "gather_stage", 16, 0): (36.7, 0.0), ("cols_direct", "linear_store", 16, 16): (31.8, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 15552, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}
+SASS_TOTALS = {"rows": 10744, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -308,6 +314,30 @@ def inner_loops(instructions):
     return [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
 
 
+def enclosing_loop(instructions, first, last):
+    """(first, last) of the smallest loop around the loop first..last, or
+    None; None too where that loop holds a barrier (BAR): it is then a
+    pass's or a tile's loop, not a warp's loop over lines (builds before the
+    row loops went a warp a line)."""
+    index = {a: i for i, (a, _) in enumerate(instructions)}
+    around = []
+    for i, (a, t) in enumerate(instructions[last + 1:], last + 1):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
+        if m and int(m.group(1), 16) <= a and index.get(int(m.group(1), 16), last + 1) <= first:
+            around.append((index[int(m.group(1), 16)], i))
+    if not around:
+        return None
+    outer = min(around, key=lambda l: l[1] - l[0])
+    has_barrier = any(opcode(t).startswith("BAR") for _, t in instructions[outer[0]:outer[1] + 1])
+    return None if has_barrier else outer
+
+
+def unconditional(text):
+    """A branch taken whatever its predicates: no guard (@P0 BRA) and no
+    predicate operand (sm_100's BRA.U UP0, ... and BRA.U !UP0, ...)."""
+    return not text.startswith("@") and not re.match(r"BRA\S*\s+!?U?P[0-9T]", text)
+
+
 def loop_path(instructions, first, last, mark, piece):
     """The path through one loop body (forward branches only) that executes
     the most `mark` instructions (the item's store or cp.async), then the
@@ -329,7 +359,7 @@ def loop_path(instructions, first, last, mark, piece):
         if m:
             target = int(m.group(1), 16)
             targets += [j for j in range(i + 1, last + 1) if instructions[j][0] == target][:1]
-        if not (m and not instructions[i][1].startswith("@")):  # falls through unless an unconditional branch
+        if not (m and unconditional(instructions[i][1])):  # falls through unless an unconditional branch
             targets.append(i + 1)
         for j in targets:
             if j not in best or state[:3] > best[j][:3]:
@@ -355,16 +385,33 @@ def loop_figures(functions, kind, phase, vec, piece):
         mark = STG[vec]
         read = {"save_heads": LDG}.get(kind, LDS)[piece]
     offsets = READS_OFFSETS[phase] if kind.startswith("cols") else None
+    instructions = functions.get(kind, [])
     found = []
-    for first, last in inner_loops(functions.get(kind, [])):
-        ops = {opcode(t) for _, t in functions[kind][first:last + 1]}
+    for first, last in inner_loops(instructions):
+        ops = {opcode(t) for _, t in instructions[first:last + 1]}
         if mark in ops and (read is None or read in ops) and offsets in (None, OFFSET_LOAD in ops):
-            n, marks, divs = loop_path(functions[kind], first, last, mark, read)
+            n, marks, divs = loop_path(instructions, first, last, mark, read)
             if marks:
-                found.append((n / marks, divs / marks))
+                line = 0
+                if kind == "rows":  # the line loop around it: what a warp adds once a line
+                    outer = enclosing_loop(instructions, first, last)
+                    line = loop_path(instructions, *outer, mark, read)[0] - n if outer else 0
+                found.append((n / marks, divs / marks, line, marks))
     if not found:
         return None
-    return tuple(round(sum(f[k] for f in found) / len(found), 1) for k in (0, 1))
+
+    def mean(fs, k):
+        return round(sum(f[k] for f in fs) / len(fs), 1)
+    if kind != "rows":
+        return mean(found, 0), mean(found, 1)
+    # Row loops: a warp's line loop takes the widest batch (a whole warp's
+    # line, kBatch vectors a lane); narrower lines, several to a warp, the
+    # one-vector loop (its trip). The line's setup is read beside the widest
+    # (the narrow loop shares its line loop).
+    wide = [f for f in found if f[3] == max(g[3] for g in found)]
+    narrow = [f for f in found if f[3] == 1] or wide
+    return (mean(wide, 0), mean(wide, 1), mean(wide, 2), mean(wide, 3),
+            round(sum(f[0] * f[3] for f in narrow) / len(narrow), 1))
 
 
 # The loops the model ops run: (job kind, phase, V, piece).
@@ -553,6 +600,13 @@ class Tile:
     # warp's limit (issue_cap) tells them apart.
     stage_issue: float = None
     store_issue: float = None
+    # Of `stage` and `store`, the issuing cycles the busiest warp adds
+    # beyond an even share: the row loops give whole lines to warps
+    # (csrc/tile_bodies.h Warp), so a loop over L lines on W warps takes
+    # ceil(L / W) / (L / W) of its even time (warp_spread). Only a warp's
+    # limit (issue_cap) feels it: idle warps leave the SM's slots to others.
+    stage_uneven: float = 0.0
+    store_uneven: float = 0.0
 
 
 def tile_bytes(job, cycles):
@@ -593,6 +647,29 @@ def sm_cycles(instructions_per_item, items, fig):
     return items / 32 * instructions_per_item / (fig["schedulers"] * fig["ipc"])
 
 
+def item_instructions(loop, job):
+    """Instructions a lane issues an item in one loop, on average. A row
+    loop (csrc/tile_bodies.h row_lines_stage / row_lines_store, Warp) gives
+    each warp whole lines: its lanes move `batch` vectors a trip, trip
+    after trip, and the warp pays `line` instructions once a line (the
+    position's load, the line's address). A line of w >= 32 vectors costs
+    ceil(w / (32 batch)) trips and the setup; a narrower one gets the
+    power of two of lanes at or above w, 32 / lanes lines to a warp, and
+    costs that share of one `narrow` trip and the setup. Each slice of the
+    job's lines, the last one narrower, weighted by its vectors."""
+    if len(loop) < 5 or not loop[2]:
+        return loop[0]
+    n, _, line, batch, narrow = loop
+    width, whole = job["slice_vectors"], job["line_vectors"]
+    slices = [width] * (whole // width) + ([whole % width] if whole % width else [])
+
+    def warp_instructions(w):
+        if w >= 32:
+            return math.ceil(w / (32 * batch)) * batch * n + line
+        return (narrow + line) * 2 ** math.ceil(math.log2(w)) / 32
+    return 32 * sum(warp_instructions(w) for w in slices) / whole
+
+
 def job_tiles(job, case, j, loops, fig, stages=1):
     """The job's tiles with their SM cost. Under two stages a staged tile
     that gathers from its buffer (the scales) runs whole in its store half
@@ -602,7 +679,7 @@ def job_tiles(job, case, j, loops, fig, stages=1):
     for key in job_loops(job, chunk):
         if key not in loops:
             raise KeyError(f"no instruction count for loop {key}")
-        per_item["stage" if key[1].endswith("stage") else "store"] = loops[key][0]
+        per_item["stage" if key[1].endswith("stage") else "store"] = item_instructions(loops[key], job)
     # The L1/shared-memory data path: 128 bytes a clock per SM. Loads fill the
     # tile buffer (V / 128 wavefronts an item); stores read it (gathers: a
     # wavefront per phase of each piece load, more where banks conflict) and
@@ -621,9 +698,21 @@ def job_tiles(job, case, j, loops, fig, stages=1):
         stage = max(stage_issue, items * write) if "stage" in per_item else 0.0
         issue = sm_cycles(per_item["store"], items, fig)
         store, store_ideal = max(issue, items * (actual + write)), max(issue, items * (ideal + write))
+        uneven = warp_spread(job, items, fig) - 1
         out.append(Tile(b, stage + fig["tile_cycles"], store, store - store_ideal, inline,
-                        stage_issue + fig["tile_cycles"], issue))
+                        stage_issue + fig["tile_cycles"], issue, stage_issue * uneven, issue * uneven))
     return out
+
+
+def warp_spread(job, items, fig):
+    """How much longer than an even share the busiest warp of a row tile of
+    `items` vectors issues its loops: the tile's lines (its units times their
+    lines, each a slice wide) dealt to the CTA's warps a line at a time.
+    Other tiles spread their items over every thread: 1."""
+    if job["kind"] != "rows" or not job.get("slice_vectors"):
+        return 1.0
+    lines, warps = max(1, round(items / job["slice_vectors"])), fig.get("warps", 4)
+    return math.ceil(lines / warps) * warps / lines
 
 
 def launch_tiles(launch, case, loops, fig):
@@ -643,7 +732,9 @@ def balanced(tiles, grid):
     scale = len(tiles) / (per_cta * grid)
     mean = Tile(*(sum(getattr(t, f) for t in tiles) / len(tiles) * scale for f in ("bytes", "stage", "store", "bank")),
                 stage_issue=sum(issuing(t, "stage") for t in tiles) / len(tiles) * scale,
-                store_issue=sum(issuing(t, "store") for t in tiles) / len(tiles) * scale)
+                store_issue=sum(issuing(t, "store") for t in tiles) / len(tiles) * scale,
+                stage_uneven=sum(t.stage_uneven for t in tiles) / len(tiles) * scale,
+                store_uneven=sum(t.store_uneven for t in tiles) / len(tiles) * scale)
     return [mean] * (per_cta * grid)
 
 
@@ -652,6 +743,11 @@ def issuing(tile, which, bank=True):
     given = tile.stage_issue if which == "stage" else tile.store_issue
     total = tile.stage if which == "stage" else tile.store - (0.0 if bank else tile.bank)
     return total if given is None else min(given, total)
+
+
+def warp_issuing(tile, which, bank=True):
+    """The same, as a warp's limit sees it: the busiest warp's share."""
+    return issuing(tile, which, bank) + (tile.stage_uneven if which == "stage" else tile.store_uneven)
 
 
 # --------------------------------------------------------------------------- the simulation
@@ -861,7 +957,7 @@ def simulate(tiles, grid, fig, sm_time=True, bank=True):
             sm = sm_of[c]
             advance(sm, now)
             left[c] = cycles_of(work[c][k], op)
-            issuing_part[c] = issuing(work[c][k], op, bank) / left[c] if left[c] > 0 else 1.0
+            issuing_part[c] = warp_issuing(work[c][k], op, bank) / left[c] if left[c] > 0 else 1.0
             sm_ctas[sm].append(c)
             schedule(sm, now)
             return
@@ -919,11 +1015,11 @@ def issue_bound(tiles, grid, fig, bank=True):
     for t, tile in enumerate(tiles):
         sm = (t % grid) % fig["sms"]
         per_sm[sm] += tile.stage + tile.store - (0.0 if bank else tile.bank)
-        issuing_sm[sm] += issuing(tile, "stage") + issuing(tile, "store", bank)
+        issuing_sm[sm] += warp_issuing(tile, "stage") + warp_issuing(tile, "store", bank)
     for c in range(min(grid, len(tiles))):
         ctas[c % fig["sms"]] += 1
     cap = issue_cap(fig)
-    return max((max(total, issue / min(1.0, n * cap)) for total, issue, n in zip(per_sm, issuing_sm, ctas) if n),
+    return max((max(total, issue / (n * cap)) for total, issue, n in zip(per_sm, issuing_sm, ctas) if n),
                default=0.0) / fig["clock"]
 
 
@@ -1100,9 +1196,11 @@ def print_loops(loops, totals):
     print("instructions per item (V-byte vector) by loop [kernel, phase, V, shared-memory piece]:")
     for key in LOOPS:
         if key in loops:
-            n, divs = loops[key]
+            n, divs = loops[key][:2]
+            line = (f", {loops[key][2]:.0f} a warp's line, {loops[key][3]:.0f} a lane's trip"
+                    if len(loops[key]) > 2 else "")
             print(f"  {key[0]:12} {key[1]:5} V={key[2]:<2} piece={key[3]:<2} {n:7.1f} instructions, "
-                  f"{divs:.1f} divisions")
+                  f"{divs:.1f} divisions{line}")
     if totals:
         print("  kernels: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())) + " instructions")
 

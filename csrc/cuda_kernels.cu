@@ -13,6 +13,7 @@ namespace {
 
 struct CudaCtx {
   static constexpr bool kSerial = false;
+  static constexpr bool kWholeWarps = true;  // kGpuThreads threads
   __device__ int thread() const { return threadIdx.x; }
   __device__ int num_threads() const { return blockDim.x; }
   __device__ void sync() { __syncthreads(); }

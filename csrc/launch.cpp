@@ -215,21 +215,32 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
   Launch main;
   main.kernel = Kernel::kRows;
   main.num_jobs = n;
+  // The whole segment in one pass where it fits: narrow the byte slices
+  // first (whole 128-byte lines), then the lines.
+  auto fits = [&](int64_t lines, int64_t bytes) { return max_len * lines * bytes <= budget; };
+  int64_t slice_lines[kMaxJobs], slice_bytes[kMaxJobs], tiles = 0;
   for (int j = 0; j < n; ++j) {
     const UnitView& v = views[j];
-    // The whole segment in one pass where it fits: narrow the byte slices
-    // first (whole 128-byte lines), then the lines.
-    auto fits = [&](int64_t lines, int64_t bytes) { return max_len * lines * bytes <= budget; };
     int64_t lines = v.lines, bytes = v.line_bytes;
     if (!fits(lines, bytes))
       bytes = even_piece(v.line_bytes, std::max<int64_t>(1, budget / (max_len * lines)), kGpuSliceAlign);
     if (!fits(lines, bytes))
       lines = even_piece(v.lines, std::max<int64_t>(1, budget / (max_len * bytes)), 1);
-    // Few segments (small shards): thinner slices, so that every SM gets
-    // tiles (at least two per SM where the lines allow).
+    slice_lines[j] = lines;
+    slice_bytes[j] = bytes;
+    tiles += plan.num_segments * ceil_div(v.lines, lines) * ceil_div(v.line_bytes, bytes);
+  }
+  for (int j = 0; j < n; ++j) {
+    const UnitView& v = views[j];
+    int64_t lines = slice_lines[j], bytes = slice_bytes[j];
+    // A launch of few tiles (small shards): thinner slices, so that every SM
+    // gets tiles (at least two per SM where the lines allow). Counted over
+    // the launch's jobs: a scale beside its weight needs no tiles of its
+    // own, and thin slices cost the row loops a warp's line setup for few
+    // vectors (csrc/tile_bodies.h Warp: wq_b's scale went to 16 vectors a
+    // line at TP1, half a warp).
     const int64_t want = 2 * int64_t{dev.sm_count};
-    const int64_t have = plan.num_segments * ceil_div(v.lines, lines) * ceil_div(v.line_bytes, bytes);
-    if (have < want && bytes > kGpuSliceAlign) {
+    if (tiles < want && bytes > kGpuSliceAlign) {
       const int64_t more = ceil_div(want, plan.num_segments * ceil_div(v.lines, lines));
       bytes = std::min(bytes, even_piece(v.line_bytes, ceil_div(v.line_bytes, more), kGpuSliceAlign));
     }

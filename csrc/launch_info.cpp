@@ -54,9 +54,13 @@ const char* job_kind(const Launch& l, int j) {
 
 LaunchInfo launch_info(const Launch& l) {
   LaunchInfo info{kernel_name(l.kernel), l.grid, l.threads, l.smem_bytes, l.stages, l.ctas_per_sm, l.tiles, {}};
-  for (int j = 0; j < l.num_jobs; ++j)
+  for (int j = 0; j < l.num_jobs; ++j) {
+    const bool cols = l.kernel == Kernel::kCols;
+    const int64_t slice = cols ? 0 : l.rows[j].slice_bytes / l.vec(j), line = cols ? 0 : l.rows[j].line_bytes / l.vec(j);
     info.jobs.push_back({job_kind(l, j), l.vec(j), l.job_tiles(j), l.bytes[j], l.max_tile_bytes[j],
-                         l.inflight_bytes[j], l.kernel == Kernel::kCols && gathers_in_stage(l.cols[j], l.vec(j), l.cols[j].staged)});
+                         l.inflight_bytes[j], cols && gathers_in_stage(l.cols[j], l.vec(j), l.cols[j].staged),
+                         slice, line});
+  }
   return info;
 }
 

@@ -20,6 +20,11 @@ struct JobInfo {
   int64_t max_tile_bytes;
   int64_t inflight_bytes;
   bool gathered_stage;  // column jobs: gathered in the stage loop, stored linearly (gathers_in_stage)
+  // Row jobs: vectors a line of a full byte slice holds, and a whole line
+  // (the last slice holds the rest); the row loops cost a warp's line setup
+  // once a line (tile_bodies.h Warp). Column jobs: 0.
+  int64_t slice_vectors;
+  int64_t line_vectors;
 };
 
 // One kernel launch, as the CUDA executor would make it.

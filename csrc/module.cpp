@@ -86,6 +86,8 @@ py::dict job_dict(const fp::JobInfo& j) {
   d["max_tile_bytes"] = j.max_tile_bytes;
   d["inflight_bytes"] = j.inflight_bytes;
   d["gathered_stage"] = j.gathered_stage;
+  d["slice_vectors"] = j.slice_vectors;
+  d["line_vectors"] = j.line_vectors;
   return d;
 }
 

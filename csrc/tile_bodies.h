@@ -7,6 +7,7 @@
 //   static constexpr bool kSerial;          // one thread runs the whole tile
 //   int thread() const;                     // this thread's index in the tile
 //   int num_threads() const;
+//   static constexpr bool kWholeWarps;      // (parallel) num_threads() is a multiple of kWarp
 //   void sync();                            // barrier across the tile's threads
 //   template <int V> void stage(uint8_t* buf, const uint8_t* src);
 //                                           // buf <- src, V bytes, may be asynchronous
@@ -28,10 +29,12 @@
 #define FLASHMLA_PERM_BODY __device__ __forceinline__
 #define FLASHMLA_PERM_HOST_DEVICE __host__ __device__ __forceinline__
 #define FLASHMLA_PERM_UNROLL _Pragma("unroll")
+#define FLASHMLA_PERM_NO_UNROLL _Pragma("unroll 1")
 #else
 #define FLASHMLA_PERM_BODY inline
 #define FLASHMLA_PERM_HOST_DEVICE inline
 #define FLASHMLA_PERM_UNROLL
+#define FLASHMLA_PERM_NO_UNROLL
 #endif
 
 // Every vector a parallel body loads or stores (not only what it stages)
@@ -369,8 +372,7 @@ struct RowTile {
 // tile already overwrote. A group is one cycle (any number of passes), or as
 // many whole cycles of a packed segment as one pass holds: there buffer j is
 // unit pos[j], and a cycle's last position reads its first, buffer
-// k + 1 - cycle. Item i of a loop is vector c of line l of buffer j:
-// i / per_line = j * nl + l.
+// k + 1 - cycle. The loops go line by line, a warp a line (Warp).
 struct RowPass {
   const int32_t* gp;  // the group's positions
   uint32_t k0;        // the pass's first position in the group
@@ -381,57 +383,136 @@ struct RowPass {
   uint64_t ends;      // bit k: position k is a cycle's last (segments are at most 64 units)
 };
 
+// How the row loops deal a tile's lines to its threads: a warp a line, its
+// lanes a vector apart, or for lines of under 32 vectors (the MN-major
+// packed scale's: 4) the power of two of lanes at or above the line's
+// vectors, several lines to a warp. What a line needs (its position's unit,
+// a load from the plan; its address) is then worked out once a line, not
+// once a vector, and no vector waits on a load of its own before its copy
+// (the line's copies wait on the line's). The first device run had each
+// warp issue once every 15.5 cycles in the loops that did it once a vector
+// (docs/PERFORMANCE.md, "A second explanation"). Slot s of `slots` takes
+// lines s, s + slots, ... A GPU tile is whole warps (Ctx::kWholeWarps:
+// kGpuThreads); a host context may run any number of threads, its last
+// warp partial. A pass of fewer lines than warps leaves warps idle (wq_b at
+// TP2: cycles of 2, so 2 lines of 4 warps a pass); groups of warps a line
+// balanced it but, with their stride known only at run time, took the store
+// loop from 22 to 48 instructions a trip (sm_90, 2026-12-06), more than
+// the idle warps cost.
+constexpr uint32_t kWarp = 32;
+template <class Ctx>
+struct Warp {
+  uint32_t slot, slots, lane, lanes;  // this thread's line slot, and its lane among the line's lanes
+  FLASHMLA_PERM_BODY Warp(Ctx& ctx, uint32_t per_line) {
+    const uint32_t t = static_cast<uint32_t>(ctx.thread()), n = static_cast<uint32_t>(ctx.num_threads());
+    const uint32_t warp = t / kWarp, warps = (n + kWarp - 1) / kWarp;
+    uint32_t s = kWarp;  // lanes a line: the power of two at or above per_line, at most a warp
+    while (s > 1 && s / 2 >= per_line) s /= 2;
+    const uint32_t subs = kWarp / s, sub = t % kWarp / s;
+    slot = warp * subs + sub;
+    lane = t % kWarp % s;
+    if (Ctx::kWholeWarps) {
+      slots = warps * subs;
+      lanes = s;
+    } else {
+      const uint32_t last = n - (warps - 1) * kWarp;  // the last warp's lanes
+      slots = (warps - 1) * subs + (last + s - 1) / s;
+      lanes = min_of(s, min_of(kWarp, n - warp * kWarp) - sub * s);
+    }
+  }
+};
+
+// A row tile's lines: nl lines of `width` bytes (a slice: under a tile
+// buffer) a unit, per_line vectors of V bytes each, a unit's lines packed
+// in its tile buffer (buf_bytes each). Line q of a loop is line q % nl of
+// buffer (or position) q / nl: by_lines divides by nl.
 template <int V>
-struct RowItems {
-  uint32_t per_line, nl;
-  FastDiv by_line, by_lines;
-  int64_t width, buf_bytes;
-  FLASHMLA_PERM_BODY RowItems(const RowJob& p, const RowTile& t) {
-    width = t.g.width;
-    per_line = static_cast<uint32_t>(width / V);
+struct RowLines {
+  uint32_t nl, width, per_line;
+  FastDiv by_lines;
+  int64_t buf_bytes;
+  FLASHMLA_PERM_BODY RowLines(const RowJob& p, const RowTile& t) {
+    width = static_cast<uint32_t>(t.g.width);
+    per_line = width / V;
     nl = static_cast<uint32_t>(t.g.nl);
-    by_line = width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
     by_lines = t.g.nl == p.slice_lines ? p.lines_div[0] : p.lines_div[1];
     buf_bytes = t.g.nl * width;
   }
-  FLASHMLA_PERM_BODY uint32_t per_buf() const { return nl * per_line; }
 };
+
+// One line's lanes: `width` bytes (a multiple of V, under 2^31) from src
+// to dst, the lanes a vector apart; each lane reads Batch vectors before it
+// stores them.
+template <int V, int Batch>
+FLASHMLA_PERM_BODY void copy_line(uint32_t lanes, uint32_t lane, uint8_t* dst, const uint8_t* src, uint32_t width) {
+  using T = typename VecOf<V>::type;
+  const uint32_t stride = lanes * V;
+  FLASHMLA_PERM_NO_UNROLL  // a line is a few batches: an unrolled copy would rarely run
+  for (uint32_t c = lane * V; c < width; c += Batch * stride) {
+    T v[Batch];
+    FLASHMLA_PERM_UNROLL
+    for (int u = 0; u < Batch; ++u)
+      if (c + u * stride < width) v[u] = load_vec<V>(src + c + u * stride);
+    FLASHMLA_PERM_UNROLL
+    for (int u = 0; u < Batch; ++u)
+      if (c + u * stride < width) {
+        FLASHMLA_PERM_VECTOR_ACCESS(dst + c + u * stride, V, true);
+        *reinterpret_cast<T*>(dst + c + u * stride) = v[u];
+      }
+  }
+}
+
+// A line of a row tile's store loop. A whole warp's line goes kBatch
+// vectors a lane at a time, its stride a constant (so that each vector's
+// addresses are one base and an offset: 22 instructions a batch on sm_90,
+// 48 with a stride known only at run time); a narrower line's lanes (the
+// packed scale's 4 vectors a line) need one vector each.
+template <int V, class W>
+FLASHMLA_PERM_BODY void warp_copy_line(const W& w, uint8_t* dst, const uint8_t* src, uint32_t width) {
+  if (w.lanes == kWarp)
+    copy_line<V, kBatch>(kWarp, w.lane, dst, src, width);
+  else
+    copy_line<V, 1>(w.lanes, w.lane, dst, src, width);
+}
 
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps, uint8_t* buf) {
-  const RowItems<V> it(p, t);
-  stage_items<V>(ctx, (1 + ps.m - ps.first) * it.per_buf(), [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
-    const uint32_t line = it.by_line.div(i);
-    const uint32_t jj = it.by_lines.div(line);
-    const uint32_t j = ps.first + jj;
-    const uint32_t l = line - jj * it.nl;
-    const int64_t c = static_cast<int64_t>(i - line * it.per_line) * V;
-    b = buf + j * it.buf_bytes + l * it.width + c;
-    s = t.unit(p, ps.gp[j == 0 ? 0 : ps.k0 + j]) + p.line_at.offset(t.g.line0 + l) + c;
-  });
+  const RowLines<V> rl(p, t);
+  const uint32_t lines = (1 + ps.m - ps.first) * rl.nl;
+  const Warp<Ctx> w(ctx, rl.per_line);
+  const uint32_t stride = w.lanes * V;
+  for (uint32_t q = w.slot; q < lines; q += w.slots) {
+    const uint32_t jj = rl.by_lines.div(q);
+    const uint32_t j = ps.first + jj, l = q - jj * rl.nl;
+    const uint8_t* src = t.unit(p, ps.gp[j == 0 ? 0 : ps.k0 + j]) + p.line_at.offset(t.g.line0 + l);
+    uint8_t* dst = buf + j * rl.buf_bytes + l * rl.width;
+    FLASHMLA_PERM_NO_UNROLL  // a line is a few trips (3 on wq_b's slices at TP1): one loop, not an unrolled one and the rest
+    for (uint32_t c = w.lane * V; c < rl.width; c += stride) ctx.template stage<V>(dst + c, src + c);
+  }
 }
 
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void row_pass_store(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps,
                                        const uint8_t* buf) {
-  const RowItems<V> it(p, t);
-  const int64_t sbytes = p.line_bytes;
-  // A cycle's last position reads its first unit: buffer k + 1 - cycle
-  // (k0 is 0, or the group is one cycle and that is buffer 0).
-  store_items<V>(ctx, ps.n * it.per_buf(), [&](uint32_t i, uint8_t*& d) {
-    const uint32_t line = it.by_line.div(i);
-    const uint32_t ii = it.by_lines.div(line);
-    const uint32_t l = line - ii * it.nl;
-    const int64_t c = static_cast<int64_t>(i - line * it.per_line) * V;
-    const uint32_t k = ps.k0 + ii;
-    d = t.unit(p, ps.gp[k]) + p.line_at.offset(t.g.line0 + l) + c;
-    uint32_t from = 1 + ii;
-    if ((ps.ends >> k) & 1) {
-      if (t.tail >= 0) return load_vec<V>(t.scratch_src + l * sbytes + c);
-      from = k + 1 - ps.cyc;
+  const RowLines<V> rl(p, t);
+  const uint32_t lines = ps.n * rl.nl;
+  const Warp<Ctx> w(ctx, rl.per_line);
+  for (uint32_t q = w.slot; q < lines; q += w.slots) {
+    const uint32_t ii = rl.by_lines.div(q);
+    const uint32_t l = q - ii * rl.nl, k = ps.k0 + ii;
+    uint8_t* dst = t.unit(p, ps.gp[k]) + p.line_at.offset(t.g.line0 + l);
+    // A cycle's last position reads its first unit: scratch (a cut
+    // segment), or buffer k + 1 - cycle (k0 is 0, or the group is one
+    // cycle and that is buffer 0). Two calls, so that the buffer's reads
+    // are shared-memory loads (LDS) and only scratch's are global.
+    const bool last = (ps.ends >> k) & 1;
+    if (last && t.tail >= 0) {
+      warp_copy_line<V>(w, dst, t.scratch_src + l * p.line_bytes, rl.width);
+    } else {
+      const uint32_t from = last ? k + 1 - ps.cyc : 1 + ii;
+      warp_copy_line<V>(w, dst, buf + from * rl.buf_bytes + l * rl.width, rl.width);
     }
-    return load_vec<V>(buf + from * it.buf_bytes + l * it.width + c);
-  });
+  }
 }
 
 // The positions that end a cycle, among a group's first glen.

@@ -78,6 +78,11 @@ def test_launch_figures(op, dims, device):
         assert launch["tiles"] == sum(j["tiles"] for j in launch["jobs"]), launch
         for j in launch["jobs"]:
             assert 0 < j["inflight_bytes"] and j["max_tile_bytes"] * j["tiles"] >= j["bytes"], j
+            if launch["kernel"] == "cols":
+                assert j["slice_vectors"] == j["line_vectors"] == 0, j
+            else:  # a tile is whole slices of lines: the model prices the row loops by them
+                assert 0 < j["slice_vectors"] <= j["line_vectors"], j
+                assert j["max_tile_bytes"] % (j["slice_vectors"] * j["vec"]) == 0, j
 
 
 @needs_native
@@ -87,7 +92,7 @@ def test_device_fields_name_the_spec_gpu_launches_plans_with():
     launches: the CUDA executor reports its spec in these names
     (cuda_device_fields), for the runtime tests to plan as it does."""
     h200 = _ops._C.gpu_device_fields()
-    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 96, 80)
+    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 92, 80)
     assert (h200["row_stages"], h200["col_stages"]) == (2, 1)  # the default plan (csrc/launch.h)
     odd = {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024, "row_stages": 1, "col_stages": 2,
            "tile_budget": 8192}
@@ -626,9 +631,56 @@ def test_sass_reader_counts_the_full_batch_path():
     counts, totals = m.read_sass(FAKE_SASS)
     assert totals == {"rows": 14}
     # Stage loop 0x10-0x60: the short path skips the division (4 instructions, one item).
-    assert counts[("rows", "stage", 16, 0)] == (4.0, 0.0)
-    # Store loop 0x70-0xc0: the path with both stores (6 instructions, two items).
-    assert counts[("rows", "store", 16, 16)] == (3.0, 0.0)
+    # No loop around it: nothing a line.
+    assert counts[("rows", "stage", 16, 0)] == (4.0, 0.0, 0.0, 1.0, 4.0)
+    # Store loop 0x70-0xc0: the path with both stores (6 instructions, two items a trip).
+    assert counts[("rows", "store", 16, 16)] == (3.0, 0.0, 0.0, 2.0, 6.0)
+
+
+# A row kernel's stage loop a warp a line: the lane loop (0x30-0x50) inside
+# the line loop (0x00-0x70), whose own instructions (the position's load,
+# the line's address) come once a line.
+FAKE_LINE_SASS = """
+\tFunction : _ZN13flashmla_perm4anon18flashmla_perm_rowsENS0_4JobsINS_6RowJobEEE
+        /*0000*/                   MOV R1, R2 ;
+        /*0010*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0020*/                   IMAD R5, R3, R6, RZ ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0040*/                   IADD3 R1, R1, 0x200, RZ ;
+        /*0050*/               @P0 BRA 0x30 ;
+        /*0060*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0070*/               @P1 BRA 0x0 ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_sass_reader_leaves_a_pass_out_of_a_line_and_reads_uniform_branches():
+    """A loop around the lane loop that holds a barrier is a pass's or a
+    tile's (builds before the row loops went a warp a line), not a line's;
+    sm_100's branches on a uniform predicate are conditional."""
+    m = load_model()
+    counts, _ = m.read_sass(FAKE_LINE_SASS.replace("IADD3 R7, R7, 0x1, RZ ;", "BAR.SYNC.DEFER_BLOCKING 0x0 ;"))
+    assert counts[("rows", "stage", 16, 0)] == (3.0, 0.0, 0.0, 1.0, 3.0)
+    assert not m.unconditional("BRA.U UP0, 0x10") and not m.unconditional("BRA.U !UP0, 0x10")
+    assert not m.unconditional("@P0 BRA 0x10") and m.unconditional("BRA 0x10")
+
+
+def test_sass_reader_prices_a_row_loop_by_its_lines():
+    m = load_model()
+    counts, _ = m.read_sass(FAKE_LINE_SASS)
+    loop = counts[("rows", "stage", 16, 0)]
+    assert loop == (3.0, 0.0, 5.0, 1.0, 3.0)  # 3 a trip, 8 in the line loop's path: 5 a line
+    # Lines of 64 vectors: two trips of 32 lanes and a line's setup, 11 warp instructions a 64 items.
+    assert m.item_instructions(loop, {"slice_vectors": 64, "line_vectors": 128}) == pytest.approx(32 * 22 / 128)
+    # A narrower last slice (32 of 96): one trip and the setup.
+    assert m.item_instructions(loop, {"slice_vectors": 64, "line_vectors": 96}) == pytest.approx(32 * 19 / 96)
+    # Wider lines share the setup among more items; the column loops have none.
+    assert m.item_instructions(loop, {"slice_vectors": 1024, "line_vectors": 1024}) < 3.2
+    # Lines of 4 vectors: 4 lanes a line, 8 lines to a warp's trip and setup.
+    assert m.item_instructions(loop, {"slice_vectors": 4, "line_vectors": 4}) == pytest.approx(32 * 8 / 8 / 4)
+    # A line of 5 takes 8 lanes: 4 to a warp.
+    assert m.item_instructions(loop, {"slice_vectors": 5, "line_vectors": 5}) == pytest.approx(32 * 8 / 4 / 5)
+    assert m.item_instructions((37.8, 0.0), {}) == 37.8
 
 
 # A column kernel with both forms of a tile: rows staged in order and gathered
