@@ -107,15 +107,15 @@ SASS_BUILD = ("the CUDA build with row loops a warp a line (nvcc 13.0, sm_90; ga
 # instructions of a narrow line's one-vector trip): item_instructions
 # prices them by the job's line widths.
 SASS_DEFAULTS = {
-    ("rows", "stage", 16, 0): (10.0, 0.0, 49.0, 1.0, 10.0), ("rows", "store", 16, 16): (5.5, 0.0, 60.5, 4.0, 8.0),
-    ("rows", "stage", 8, 0): (10.0, 0.0, 53.0, 1.0, 10.0), ("rows", "store", 8, 8): (5.5, 0.0, 58.0, 4.0, 8.0),
+    ("rows", "stage", 16, 0): (10.0, 0.0, 50.0, 1.0, 10.0), ("rows", "store", 16, 16): (5.5, 0.0, 63.5, 4.0, 8.0),
+    ("rows", "stage", 8, 0): (10.0, 0.0, 56.0, 1.0, 10.0), ("rows", "store", 8, 8): (5.5, 0.0, 67.0, 4.0, 8.0),
     ("cols_staged", "gather_stage", 16, 0): (37.8, 0.0), ("cols_staged", "linear_store", 16, 16): (33.5, 0.0),
     ("cols_staged", "stage", 16, 0): (40.0, 0.0), ("cols_staged", "store", 16, 1): (121.5, 0.0),
     ("cols_staged", "stage", 4, 0): (37.5, 0.0), ("cols_staged", "store", 4, 1): (57.0, 0.0),
     ("cols_direct", "gather_stage", 16, 0): (36.7, 0.0), ("cols_direct", "linear_store", 16, 16): (31.8, 0.0),
     ("save_heads", "store", 16, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 10744, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}
+SASS_TOTALS = {"rows": 10192, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}
 
 # Stated device figures (H200 SXM, NVIDIA's data sheet, except where noted).
 H200 = {
@@ -649,14 +649,14 @@ def sm_cycles(instructions_per_item, items, fig):
 
 def item_instructions(loop, job):
     """Instructions a lane issues an item in one loop, on average. A row
-    loop (csrc/tile_bodies.h row_lines_stage / row_lines_store, Warp) gives
+    loop (csrc/tile_bodies.h row_pass_stage / row_pass_store, Warp) gives
     each warp whole lines: its lanes move `batch` vectors a trip, trip
     after trip, and the warp pays `line` instructions once a line (the
-    position's load, the line's address). A line of w >= 32 vectors costs
-    ceil(w / (32 batch)) trips and the setup; a narrower one gets the
-    power of two of lanes at or above w, 32 / lanes lines to a warp, and
-    costs that share of one `narrow` trip and the setup. Each slice of the
-    job's lines, the last one narrower, weighted by its vectors."""
+    position's load, the line's address). A line of over 16 vectors takes
+    a whole warp: ceil(w / (32 batch)) trips and the setup; a narrower one
+    gets line_lanes(w) lanes, 32 / lanes lines to a warp, and costs that
+    share of one `narrow` trip and the setup. Each slice of the job's
+    lines, the last one narrower, weighted by its vectors."""
     if len(loop) < 5 or not loop[2]:
         return loop[0]
     n, _, line, batch, narrow = loop
@@ -664,10 +664,17 @@ def item_instructions(loop, job):
     slices = [width] * (whole // width) + ([whole % width] if whole % width else [])
 
     def warp_instructions(w):
-        if w >= 32:
+        lanes = line_lanes(w)
+        if lanes == 32:
             return math.ceil(w / (32 * batch)) * batch * n + line
-        return (narrow + line) * 2 ** math.ceil(math.log2(w)) / 32
+        return (narrow + line) * lanes / 32
     return 32 * sum(warp_instructions(w) for w in slices) / whole
+
+
+def line_lanes(vectors):
+    """Lanes the row loops give a line of `vectors` (csrc/tile_bodies.h
+    Warp): the power of two at or above it, at most a warp."""
+    return min(32, 2 ** math.ceil(math.log2(max(1, vectors))))
 
 
 def job_tiles(job, case, j, loops, fig, stages=1):
@@ -707,12 +714,16 @@ def job_tiles(job, case, j, loops, fig, stages=1):
 def warp_spread(job, items, fig):
     """How much longer than an even share the busiest warp of a row tile of
     `items` vectors issues its loops: the tile's lines (its units times their
-    lines, each a slice wide) dealt to the CTA's warps a line at a time.
-    Other tiles spread their items over every thread: 1."""
+    lines, each a slice wide) dealt to the CTA's line slots (a warp each, or
+    32 / line_lanes for narrow lines) a line at a time. From the tile's
+    bytes: a pass's lines where the tile is one pass (the model ops'; a cut
+    segment's stage loop has a line fewer). Other tiles spread their items
+    over every thread: 1."""
     if job["kind"] != "rows" or not job.get("slice_vectors"):
         return 1.0
-    lines, warps = max(1, round(items / job["slice_vectors"])), fig.get("warps", 4)
-    return math.ceil(lines / warps) * warps / lines
+    width = job["slice_vectors"]
+    lines, slots = max(1, round(items / width)), fig.get("warps", 4) * (32 // line_lanes(width))
+    return math.ceil(lines / slots) * slots / lines
 
 
 def launch_tiles(launch, case, loops, fig):

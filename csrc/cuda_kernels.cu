@@ -14,6 +14,7 @@ namespace {
 struct CudaCtx {
   static constexpr bool kSerial = false;
   static constexpr bool kWholeWarps = true;  // kGpuThreads threads
+  static_assert(kGpuThreads % kWarp == 0, "the row loops' Warp takes a CTA's warps as whole");
   __device__ int thread() const { return threadIdx.x; }
   __device__ int num_threads() const { return blockDim.x; }
   __device__ void sync() { __syncthreads(); }

@@ -234,15 +234,16 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
     const UnitView& v = views[j];
     int64_t lines = slice_lines[j], bytes = slice_bytes[j];
     // A launch of few tiles (small shards): thinner slices, so that every SM
-    // gets tiles (at least two per SM where the lines allow). Counted over
-    // the launch's jobs: a scale beside its weight needs no tiles of its
-    // own, and thin slices cost the row loops a warp's line setup for few
-    // vectors (csrc/tile_bodies.h Warp: wq_b's scale went to 16 vectors a
-    // line at TP1, half a warp).
+    // gets tiles (at least two per SM where the lines allow), every job's
+    // cut by the factor the launch falls short by. Counted over the
+    // launch's jobs: a scale beside its weight needs no tiles of its own,
+    // and thin slices cost the row loops a line's setup for few vectors
+    // (csrc/tile_bodies.h Warp: counted a job at a time, wq_b's scale went
+    // to 16 vectors a line at TP1, 8 at TP4 and TP8).
     const int64_t want = 2 * int64_t{dev.sm_count};
     if (tiles < want && bytes > kGpuSliceAlign) {
-      const int64_t more = ceil_div(want, plan.num_segments * ceil_div(v.lines, lines));
-      bytes = std::min(bytes, even_piece(v.line_bytes, ceil_div(v.line_bytes, more), kGpuSliceAlign));
+      const int64_t slices = ceil_div(v.line_bytes, bytes) * ceil_div(want, tiles);
+      bytes = std::min(bytes, even_piece(v.line_bytes, ceil_div(v.line_bytes, slices), kGpuSliceAlign));
     }
     const int64_t step = fits(lines, bytes)
                              ? max_len

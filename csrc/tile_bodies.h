@@ -406,11 +406,13 @@ struct Warp {
   FLASHMLA_PERM_BODY Warp(Ctx& ctx, uint32_t per_line) {
     const uint32_t t = static_cast<uint32_t>(ctx.thread()), n = static_cast<uint32_t>(ctx.num_threads());
     const uint32_t warp = t / kWarp, warps = (n + kWarp - 1) / kWarp;
-    uint32_t s = kWarp;  // lanes a line: the power of two at or above per_line, at most a warp
-    while (s > 1 && s / 2 >= per_line) s /= 2;
-    const uint32_t subs = kWarp / s, sub = t % kWarp / s;
+    // Lanes a line: s = 2^shift, the power of two at or above per_line, at
+    // most a warp (shifts and masks: no divide).
+    uint32_t shift = 5;
+    while (shift > 0 && (1u << (shift - 1)) >= per_line) --shift;
+    const uint32_t s = 1u << shift, subs = kWarp >> shift, sub = (t % kWarp) >> shift;
     slot = warp * subs + sub;
-    lane = t % kWarp % s;
+    lane = t % kWarp & (s - 1);
     if (Ctx::kWholeWarps) {
       slots = warps * subs;
       lanes = s;

@@ -73,8 +73,9 @@ void fp::harness_vector_access(const void* p, int bytes, bool store) {
 namespace {
 
 // One thread of a simulated CTA. A stage is what cp.async does: the copy
-// lands only by stage_wait(); until then the buffer holds poison, so a body
-// that reads its buffer too early gets wrong bytes. Both ends of every
+// lands once a wait has released it, at the thread's next barrier; until
+// then the buffer holds poison, so a body that reads its buffer too early
+// gets wrong bytes. Both ends of every
 // stage are checked for the alignment the GPU's instruction needs (loads
 // and stores, through the hook above).
 struct ThreadCtx {
