@@ -601,10 +601,11 @@ class Tile:
     stage_issue: float = None
     store_issue: float = None
     # Of `stage` and `store`, the issuing cycles the busiest warp adds
-    # beyond an even share: the row loops give whole lines to warps
-    # (csrc/tile_bodies.h Warp), so a loop over L lines on W warps takes
-    # ceil(L / W) / (L / W) of its even time (warp_spread). Only a warp's
-    # limit (issue_cap) feels it: idle warps leave the SM's slots to others.
+    # beyond an even share: the row loops give whole lines to line slots
+    # (csrc/tile_bodies.h Warp: a warp each, or several narrow lines to a
+    # warp), so a loop over L lines on W slots takes ceil(L / W) / (L / W)
+    # of its even time (warp_spread). Only a warp's limit (issue_cap) feels
+    # it: idle warps leave the SM's slots to others.
     stage_uneven: float = 0.0
     store_uneven: float = 0.0
 

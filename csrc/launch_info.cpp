@@ -56,7 +56,8 @@ LaunchInfo launch_info(const Launch& l) {
   LaunchInfo info{kernel_name(l.kernel), l.grid, l.threads, l.smem_bytes, l.stages, l.ctas_per_sm, l.tiles, {}};
   for (int j = 0; j < l.num_jobs; ++j) {
     const bool cols = l.kernel == Kernel::kCols;
-    const int64_t slice = cols ? 0 : l.rows[j].slice_bytes / l.vec(j), line = cols ? 0 : l.rows[j].line_bytes / l.vec(j);
+    const int64_t slice = cols ? 0 : l.rows[j].slice_bytes / l.vec(j);
+    const int64_t line = cols ? 0 : l.rows[j].line_bytes / l.vec(j);
     info.jobs.push_back({job_kind(l, j), l.vec(j), l.job_tiles(j), l.bytes[j], l.max_tile_bytes[j],
                          l.inflight_bytes[j], cols && gathers_in_stage(l.cols[j], l.vec(j), l.cols[j].staged),
                          slice, line});
