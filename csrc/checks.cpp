@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <stdexcept>
 
@@ -11,12 +12,20 @@ namespace flashmla_perm {
 
 void check_defined(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is an undefined tensor");
+  // A sparse tensor has no bytes of its elements to move.
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got layout ",
+                    t.layout());
 }
 
 void check_writable(const at::Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
   TORCH_CHECK_VALUE(!(t.requires_grad() && c10::GradMode::is_enabled()), op, ": ", name,
                     " requires grad; permute weights under torch.no_grad() or on a detached tensor");
+  // Torch refuses to write one outside inference mode, but only after its
+  // kernel has (its version counter, which it has none of, is bumped last).
+  TORCH_CHECK_VALUE(!t.is_inference() || c10::InferenceMode::is_enabled(), op, ": ", name,
+                    " is an inference tensor (made under torch.inference_mode()), which cannot be written "
+                    "in place outside inference mode; permute it under torch.inference_mode(), or a clone");
   // Every element is written in place, so no two may share a byte: the
   // exact rule (csrc/overlap.h), refusing also where its bounded search
   // gives up. Disjoint layouts the tile engines cannot take are permuted as

@@ -6,9 +6,11 @@
 
 namespace flashmla_perm {
 
-// A tensor the op writes in place: defined, not requiring grad, no element
-// reachable twice through its strides.
+// A tensor the op writes in place: defined, not requiring grad, not an
+// inference tensor outside inference mode, no element reachable twice
+// through its strides.
 void check_writable(const at::Tensor& t, const char* op, const char* name);
+// Defined, and dense (strided): every tensor argument.
 void check_defined(const at::Tensor& t, const char* op, const char* name);
 void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* name);
 void check_positive(int64_t value, const char* op, const char* name);

@@ -1,10 +1,12 @@
 // The op layer: schemas, argument checks, plans, dispatch. Every check runs
 // before the first byte moves, so an error leaves every tensor as it was.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #include "apply.h"
 #include "checks.h"
@@ -115,6 +117,7 @@ int64_t check_wq_b(const at::Tensor& weight, const at::Tensor& weight_scale, int
 void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
                    int64_t num_local_heads, bool inverse) {
   const int64_t head_dim = check_wq_b(weight, weight_scale, num_local_heads, "permute_wq_b_");
+  if (head_dim == 0) return;  // no rows: nothing moves (the reference's answer too)
   const auto entry = cached_q_row_plan(num_local_heads, head_dim, inverse);
   apply_rows({{weight, 0}, {weight_scale, 0}}, entry);  // any layouts; one launch on CUDA
 }
@@ -163,6 +166,7 @@ void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
                    int64_t heads_per_group, bool inverse) {
   const char* op = "permute_wo_a_";
   const bool packed = check_wo_a(weight, weight_scale, heads_per_group, op);
+  if (weight.size(-1) == 0) return;  // no columns: nothing moves (the reference's answer too)
   wo_a_in_place(weight, weight_scale, heads_per_group, packed, inverse, op);
 }
 
@@ -280,6 +284,29 @@ std::vector<at::Tensor> permute_wv_proj(at::TensorList weight_and_scale, int64_t
   return {w, s};
 }
 
+// The in-place ops count their writes as torch's own do: after the op, each
+// tensor it wrote (a `Tensor(a!)` argument) has its version counter one up,
+// so autograd refuses a backward through a tensor saved before it was
+// permuted, and a device perm permuted in place is not found again in the
+// plan cache (csrc/perm_cache.cpp finds one by its version). One boxed
+// kernel for every op, at the dispatch key torch bumps versions at (inside
+// inference mode too). An inference tensor has no counter to bump (and
+// check_writable refuses one outside inference mode). An op that raises
+// wrote nothing and counts nothing.
+void count_writes(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite())
+      written.push_back((*stack)[first + i].toTensor());
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 // Schemas, each beside what it does. The Python fallback (flashmla_perm/_schemas.py)
@@ -316,6 +343,11 @@ TORCH_LIBRARY_IMPL(flashmla_perm, CompositeExplicitAutograd, m) {
   m.impl("permute_q", &permute_q);
   m.impl("permute_q_b_proj", &permute_q_b_proj);
   m.impl("permute_wv_proj", &permute_wv_proj);
+}
+
+TORCH_LIBRARY_IMPL(flashmla_perm, ADInplaceOrView, m) {
+  for (const char* name : {"permute_", "permute_rows_", "permute_cols_", "permute_wq_b_", "permute_wo_a_"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&count_writes>());
 }
 
 }  // namespace flashmla_perm

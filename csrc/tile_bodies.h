@@ -272,8 +272,10 @@ struct RowJob {
   int64_t stage_bytes;    // two stages (two_stage_loop; launch.cpp set_row_two_stages): bytes from
                           // one tile buffer to the other; 0: one stage
   int vec;                // vector width V
-  // A tile's vectors per line and lines, as divisors for its items' digits:
-  // [0] for full slices, [1] for the last one (set_row_slices).
+  // [0] for full slices, [1] for the last one (set_row_slices): a tile's
+  // vectors a line, to split the save pass's items into lines
+  // (save_segment_head); and its lines, to split the row loops' line
+  // numbers into buffers and lines (RowLines).
   FastDiv per_line_div[2];
   FastDiv lines_div[2];
   // A tile's segment and line slice by a multiply and a shift, for two-stage

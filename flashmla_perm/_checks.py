@@ -19,12 +19,32 @@ def _symbolic(t: torch.Tensor) -> bool:
     return not all(isinstance(v, int) for v in list(t.shape) + list(t.stride()))
 
 
+def dense(t: torch.Tensor, op: str, name: str) -> None:
+    """A tensor at all, and one of strides (a sparse one has no bytes to move)."""
+    if t is None:
+        raise ValueError(f"{op}: {name} is an undefined tensor")
+    if t.layout != torch.strided:
+        raise ValueError(f"{op}: {name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def writable(t: torch.Tensor, op: str, name: str) -> None:
+    dense(t, op, name)
     if t.requires_grad and torch.is_grad_enabled():
         raise ValueError(
             f"{op}: {name} requires grad; permute weights under torch.no_grad() "
             "or on a detached tensor"
         )
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(
+            f"{op}: {name} is an inference tensor (made under torch.inference_mode()), which "
+            "cannot be written in place outside inference mode; permute it under "
+            "torch.inference_mode(), or a clone"
+        )
+    no_shared_bytes(t, op, name)
+
+
+def no_shared_bytes(t: torch.Tensor, op: str, name: str) -> None:
+    """No element of ``t`` reachable twice through its strides."""
     # Pitches alone decide it (fake tensors too); symbolic ones are left to
     # the real kernel.
     if not _symbolic(t) and byte_self_overlap(_layout(t, 0)) != NO:
@@ -41,6 +61,7 @@ def dim(t: torch.Tensor, n: int, op: str, name: str) -> None:
 
 
 def permutable(t: torch.Tensor, op: str) -> None:
+    dense(t, op, "self")
     if t.dim() < 1:
         raise ValueError(f"{op}: self must have at least 1 dimension, got a 0-D tensor")
 
@@ -75,6 +96,7 @@ def pair(a: torch.Tensor, b: torch.Tensor, op: str, name_a: str, name_b: str) ->
 
 def permutation_shape(perm: torch.Tensor, extent: int, device: torch.device, op: str) -> None:
     """Everything about ``perm`` but its values (all a fake kernel can see)."""
+    dense(perm, op, "perm")
     if perm.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{op}: perm must be int64 or int32, got {perm.dtype}")
     if perm.dim() != 1:
@@ -189,6 +211,8 @@ def _two_tensors(weight_and_scale, op):
         raise ValueError(
             f"{op}: weight_and_scale must be (weight, scale), got {len(weight_and_scale)} tensors"
         )
+    dense(weight_and_scale[0], op, "weight")
+    dense(weight_and_scale[1], op, "scale")
     return weight_and_scale
 
 
@@ -294,6 +318,7 @@ def permute_(self, perm, dim_, op="permute_") -> int:
 
 
 def q(q: torch.Tensor, op="permute_q") -> None:
+    dense(q, op, "q")
     dim(q, 3, op, "q")
     if q.shape[2] % Q_CHUNK:
         raise ValueError(

@@ -36,7 +36,9 @@ def permute_on_load(param: torch.Tensor, perm, dim: int) -> None:
     if param.size(d) != len(prepared):
         raise ValueError(f"{OP}: perm has {len(prepared)} entries but param.size({dim}) is {param.size(d)}")
     if param.device.type != "meta":
-        checks.writable(param.detach(), OP, "param")  # elements that share bytes
+        # Elements that share bytes; the rest of what a write needs (grad,
+        # inference mode) is the mode the load runs in, checked then.
+        checks.no_shared_bytes(param, OP, "param")
     original = getattr(param, "weight_loader", None) or _copy_loader
 
     # vLLM's layerwise reload binds a loader's arguments by name

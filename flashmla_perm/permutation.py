@@ -38,6 +38,8 @@ class Permutation:
             self._perm = perm._perm
             return
         t = perm if isinstance(perm, torch.Tensor) else torch.as_tensor(perm)
+        if t.numel() == 0 and not isinstance(perm, torch.Tensor):
+            t = t.long()  # [] reads as float32: no value says it is not ints
         if t.dim() != 1:
             raise ValueError(f"{_op}: perm must be 1-D, got shape {list(t.shape)}")
         # A copy of its own: nobody can change the values once checked.

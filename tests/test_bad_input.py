@@ -166,7 +166,33 @@ CASES = [
     ("wv_proj scale not MN-major", lambda: wv(scale=r(2, 6, 32, dtype=torch.int32)), wvp, ValueError, r"scale must be MN-major \(stride\(1\) == 1\), got strides \[192, 32, 1\]"),
     ("wv_proj scale on another device", lambda: wv(scale=torch.empty_strided((2, 6, 32), (256, 1, 8), dtype=torch.int32, device="meta")), wvp, ValueError, "scale is on meta"),
     ("permute_cols_ of a tensor requiring grad", lambda: (grad_tensor(),), lambda x: ops.permute_cols_(x, torch.randperm(32)), ValueError, "requires grad"),
+    ("permute_ perm None", lambda: (r(8, 4),), lambda x: ops.permute_(x, None, 0), ValueError, "perm is an undefined tensor"),
 ]
+
+
+def sparse(t):
+    return t.to_sparse()
+
+
+# Sparse tensors have no element bytes to move: refused by name, unchanged.
+SPARSE_CASES = [
+    ("permute_ self", lambda: (sparse(r(8, 4)), torch.randperm(8)), lambda x, p: ops.permute_(x, p, 0), "self"),
+    ("permute_cols self", lambda: (sparse(r(8, 4)), torch.randperm(4)), lambda x, p: ops.permute_cols(x, p), "self"),
+    ("permute_ perm", lambda: (r(8, 4), sparse(torch.randperm(8))), lambda x, p: ops.permute_(x, p, 0), "perm"),
+    ("wq_b scale", lambda: (r(256, 64), sparse(r(256, 2))), lambda w, s: fp.permute_wq_b_(w, s, 4), "weight_scale"),
+    ("permute_q q", lambda: (sparse(r(2, 4, 32, dtype=torch.bfloat16)),), lambda q: fp.permute_q_to_fused(q), "q"),
+]
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES, ids=[c[0] for c in SPARSE_CASES])
+def test_sparse_tensors_are_refused_by_name(case):
+    _, make, call, name = case
+    tensors = make()
+    before = [t.to_dense().clone() for t in tensors]
+    with pytest.raises(ValueError, match=f"{name} must be a dense \\(strided\\) tensor"):
+        call(*tensors)
+    for t, b in zip(tensors, before):
+        assert_same_bytes(t.to_dense(), b)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -92,6 +92,25 @@ def test_odd_wo_a(device, group, head_dim, rows, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("kind,weight_shape,scale_shape,heads", [
+    ("wq_b", (0, 64), (0, 2), 8),      # no rows: head_dim 0
+    ("wq_b", (256, 0), (256, 0), 4),   # rows of no bytes
+    ("wo_a", (4, 0), (4, 0), 8),       # no columns: head_dim 0
+    ("wo_a", (0, 512), (0, 16), 8),    # no rows
+])
+def test_empty_shards_are_left_as_the_reference_leaves_them(device, inverse, kind, weight_shape, scale_shape,
+                                                            heads, gen):
+    w = random_tensor(weight_shape, torch.float8_e4m3fn, device, gen)
+    s = random_tensor(scale_shape, torch.uint8, device, gen)
+    name = ("un" if inverse else "") + f"permute_{kind}_"
+    ew, es = w.clone(), s.clone()
+    getattr(ref, name)(ew, es, heads)
+    getattr(fp, name)(w, s, heads)
+    assert w.shape == ew.shape and s.shape == es.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offset", [1, 7, 16])
 def test_views_with_storage_offset(device, offset, gen):
     rows, k = 8 * 64, 72

@@ -67,6 +67,16 @@ def test_permutation_from_a_list_int32_and_itself(gen):
     assert torch.equal(fp.Permutation(values).indices, values)
 
 
+def test_an_empty_permutation_from_an_empty_list():
+    """[] reads as float32 in torch.as_tensor: still the permutation of nothing."""
+    p = fp.Permutation([])
+    assert len(p) == 0 and p.indices.dtype == torch.int64
+    t = torch.empty(0, 3, dtype=torch.uint8)
+    p.apply_(t)
+    with pytest.raises(TypeError, match="perm"):
+        fp.Permutation(torch.empty(0))  # a float tensor says what it is
+
+
 def test_permutation_owns_its_values(gen):
     """Changing the caller's tensor afterwards changes nothing."""
     values = random_perm(50, gen)
@@ -162,6 +172,11 @@ def test_a_device_perm_is_found_by_the_tensor_and_its_version(gen):
         assert_same_bytes(t, expected)
     assert stats()["built"] == built
     perm.copy_(random_perm(64, gen).cuda())  # bumps its version
+    t = random_tensor((64, 5), torch.uint8, "cuda", gen)
+    expected = gathered(t, perm, 0)
+    fp.permute_(t, perm)
+    assert_same_bytes(t, expected)
+    fp.permute_(perm, random_perm(64, gen).cuda())  # this package's own write bumps it too
     t = random_tensor((64, 5), torch.uint8, "cuda", gen)
     expected = gathered(t, perm, 0)
     fp.permute_(t, perm)
