@@ -13,10 +13,15 @@ already holding it. If fused_layout is not imported yet, it is not imported
 here (that would load all of vLLM's DeepSeek-V4.1 code, seconds, in every
 process, whatever the model): an import hook routes it the moment vLLM
 imports it, before any caller can take the name.
+
+A function is routed only where it takes the arguments ours takes (names,
+kinds and defaults): a vLLM that changed them is not the one this package
+was checked against, and keeps its own (the log line says so).
 """
 
 import importlib.abc
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -28,6 +33,8 @@ FUSED_LAYOUT = "vllm.models.deepseek_v41.common.ops.fused_layout"
 # permute_on_load: vLLM 0.33.0's loaders. permute_wq_b_ / permute_wo_a_: the
 # earlier vLLM change this package's first API came from, where a build has them.
 ROUTED_NAMES = ("permute_on_load", "permute_wq_b_", "permute_wo_a_")
+# vLLM's functions this process routed, by name (what a caller had before).
+_originals = {}
 
 
 def _why_not():
@@ -65,11 +72,43 @@ def _replace_everywhere(name, original, ours):
     return changed
 
 
+def _parameters(fn):
+    """(name, kind, default) of each parameter: what a caller's arguments bind
+    to. Annotations aside."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def _differs(original, ours):
+    """Why ``ours`` cannot stand in for ``original``, or None. A vLLM whose
+    function takes other arguments (or other defaults) is not the one ours
+    was checked against: its callers would get 0.33.0's bytes, or a
+    TypeError at start-up."""
+    try:
+        theirs = _parameters(original)
+    except (TypeError, ValueError) as e:  # no signature to read
+        return f"its signature cannot be read ({e})"
+    if theirs != _parameters(ours):
+        return f"it takes {inspect.signature(original)}, not {inspect.signature(ours)}"
+    return None
+
+
+def _devices_text(info):
+    if info["cuda"]:
+        return "native on cpu and cuda"
+    import torch
+
+    if torch.version.cuda is None:
+        return "native on cpu"
+    # A CUDA torch with the CPU-only module: GPU tensors take the same
+    # gather vLLM does (right bytes, no gain).
+    return f"native on cpu; on cuda torch's gather, as vLLM's: {info['cuda_off_reason']}"
+
+
 def _route(fused_layout):
     """Routes what fused_layout has; returns the log line."""
     import flashmla_perm
 
-    routed, already, modules = [], [], set()
+    routed, already, left, modules = [], [], [], set()
     for name in ROUTED_NAMES:
         if name not in vars(fused_layout):
             continue
@@ -77,17 +116,24 @@ def _route(fused_layout):
         if original is ours:
             already.append(name)
             continue
+        why = _differs(original, ours)
+        if why:
+            left.append(f"{name} ({why})")
+            continue
+        _originals[name] = original
         modules.update(_replace_everywhere(name, original, ours))
         routed.append(name)
+    kept = f"; left vLLM's {', '.join(left)}" if left else ""
     if not routed:
         if already:
-            return f"already routed: {', '.join(already)}"
+            return f"already routed: {', '.join(already)}{kept}"
+        if left:
+            return f"changed nothing{kept}"
         return f"changed nothing: {FUSED_LAYOUT} has none of {', '.join(ROUTED_NAMES)}"
     modules.discard(FUSED_LAYOUT)
     where = FUSED_LAYOUT + (f" and {', '.join(sorted(modules))}" if modules else "")
-    devices = "cpu and cuda" if flashmla_perm.build_info()["cuda"] else "cpu"
     return (f"routed vLLM's {', '.join(routed)} to flashmla_perm {flashmla_perm.__version__}"
-            f" (in place, native on {devices}) in {where}")
+            f" (in place, {_devices_text(flashmla_perm.build_info())}) in {where}{kept}")
 
 
 def _log_route(fused_layout):

@@ -323,6 +323,59 @@ def test_register_is_idempotent(vllm_names, plugin_log):
     assert len(plugin_log) == 2
 
 
+def test_register_keeps_what_it_replaced(vllm_names, plugin_log):
+    """vLLM's own function, for whatever needs it after routing (the test
+    harness, imported after the plugin ran, compares against it)."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    vllm_plugin.register()
+    assert routed(vllm_names)
+    assert vllm_plugin._originals["permute_on_load"] is VLLM_PERMUTE_ON_LOAD
+
+
+def test_register_leaves_a_function_that_takes_other_arguments(vllm_names, plugin_log, monkeypatch):
+    """A later vLLM whose permute_on_load takes other arguments (or other
+    defaults) keeps its own: ours would give its callers 0.33.0's bytes."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    def later(param, perm, dim, *, scale_block_rows=1):
+        return VLLM_PERMUTE_ON_LOAD(param, perm, dim)
+
+    def other_default(param, perm, dim=0):
+        return VLLM_PERMUTE_ON_LOAD(param, perm, dim)
+
+    for fn in (later, other_default):
+        monkeypatch.setattr(fused_layout, "permute_on_load", fn)
+        monkeypatch.setattr(vllm_names, "permute_on_load", fn)
+        plugin_log.clear()
+        vllm_plugin.register()
+        assert fused_layout.permute_on_load is fn and vllm_names.permute_on_load is fn
+        message = plugin_log[0].getMessage()
+        assert len(plugin_log) == 1 and "changed nothing" in message, message
+        assert "left vLLM's permute_on_load (it takes (param, perm, dim" in message, message
+
+
+@pytest.mark.parametrize("torch_cuda,expected", [
+    (None, "(in place, native on cpu)"),
+    ("13.0", "on cuda torch's gather, as vLLM's: (why)"),
+], ids=["cpu_torch", "cuda_torch"])
+def test_register_says_where_it_runs_natively(vllm_names, plugin_log, monkeypatch, torch_cuda, expected):
+    """A CUDA torch beside the CPU-only module (no toolkit of its CUDA
+    version at build time): routed, right bytes, but GPU tensors take the
+    gather vLLM's own function does, and the line says so and why."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    info = dict(flashmla_perm.build_info(), cuda=False, cuda_off_reason="(why)")
+    monkeypatch.setattr(flashmla_perm, "build_info", lambda: info)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    vllm_plugin.register()
+    assert routed(vllm_names)
+    assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
+
+
 def test_register_off_switch(vllm_names, plugin_log, monkeypatch):
     monkeypatch.setenv("FLASHMLA_PERM_VLLM", "0")
     from flashmla_perm import vllm_plugin
