@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "executors.h"
@@ -85,15 +86,23 @@ std::vector<UnitView> units_of(const at::Tensor& t, int64_t dim, int64_t unit_ro
 }
 
 void run_cpu(const Work& w) {
-  // All the scratch first: a failed allocation moves nothing.
+  // All the scratch and the tile buffers first: a failed allocation moves
+  // nothing. The jobs run in turn, so one arena serves them all.
   std::vector<at::Tensor> scratch;
+  int64_t arena_bytes = 0;
   for (const RowWork& r : w.rows)
-    for (const UnitView& v : r.views)
+    for (const UnitView& v : r.views) {
       scratch.push_back(at::empty({cpu_row_scratch_bytes(v, r.entry->plan)}, at::kByte));
+      arena_bytes = std::max(arena_bytes, cpu_row_tile_bytes(v, r.entry->plan));
+    }
+  for (const ColWork& c : w.cols) arena_bytes = std::max(arena_bytes, cpu_col_tile_bytes(c.view, c.entry->plan));
+  const at::Tensor arena_memory = at::empty({arena_bytes + 64}, at::kByte);
+  uint8_t* arena = arena_memory.data_ptr<uint8_t>();
+  arena += (64 - reinterpret_cast<uintptr_t>(arena) % 64) % 64;
   size_t s = 0;
   for (const RowWork& r : w.rows)
-    for (const UnitView& v : r.views) run_rows_cpu(v, r.entry->plan, scratch[s++].data_ptr<uint8_t>());
-  for (const ColWork& c : w.cols) run_cols_cpu(c.view, c.entry->plan);
+    for (const UnitView& v : r.views) run_rows_cpu(v, r.entry->plan, scratch[s++].data_ptr<uint8_t>(), arena);
+  for (const ColWork& c : w.cols) run_cols_cpu(c.view, c.entry->plan, arena);
   served(Path::kCpu);
 }
 

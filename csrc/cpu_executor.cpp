@@ -4,6 +4,7 @@
 // moves inside a segment").
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "executors.h"
@@ -19,7 +20,8 @@
 namespace flashmla_perm {
 namespace {
 
-// A tile's private buffer, 64-byte aligned.
+// A tile's buffer of its own, 64-byte aligned: only for a thread the job's
+// plan did not count (ThreadTiles).
 struct Buffer {
   explicit Buffer(int64_t bytes) : raw(new uint8_t[bytes + 64]) {
     data = raw.get() + (64 - reinterpret_cast<uintptr_t>(raw.get()) % 64) % 64;
@@ -28,13 +30,70 @@ struct Buffer {
   uint8_t* data;
 };
 
+// One job's tile buffers, a thread each, carved from the call's arena, which
+// the caller allocates before any job of the call moves a byte: a failed
+// allocation then leaves every tensor as it was (buffers allocated inside the
+// loop, as before 2026-12-06, could fail after other threads had written).
+// ATen's loop runs min(threads, chunks) threads numbered from 0 (one chunk
+// run inline: thread 0), so `count` buffers cover them; a thread numbered
+// past them (another parallel backend) gets a buffer of its own.
+struct ThreadTiles {
+  int64_t bytes, grain, count, stride;
+  ThreadTiles(int64_t tile_bytes, int64_t tiles, int64_t loop_grain)
+      : bytes(tile_bytes),
+        grain(loop_grain),
+        count(std::min<int64_t>(at::get_num_threads(), (tiles + loop_grain - 1) / loop_grain)),
+        stride((tile_bytes + 63) / 64 * 64) {}
+  int64_t arena_bytes() const { return count * stride; }
+
+  // body(ctx, tile, buffer) for every tile in [0, tiles).
+  template <class F>
+  void run(int64_t tiles, uint8_t* arena, F&& body) const {
+    at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+      const int64_t t = at::get_thread_num();
+      std::unique_ptr<Buffer> own;
+      uint8_t* buf = arena + t * stride;
+      if (t >= count) {
+        own = std::make_unique<Buffer>(bytes);
+        buf = own->data;
+      }
+      SerialCtx ctx;
+      for (int64_t i = begin; i < end; ++i) body(ctx, i, buf);
+    });
+  }
+};
+
+ThreadTiles row_tiles(const RowJob& p, int64_t buffer_bytes) {
+  return ThreadTiles(buffer_bytes, p.tiles, cpu_grain(p.tiles, buffer_bytes));
+}
+
+ThreadTiles col_tiles(const ColView& view, const ColJob& p, int64_t buffer_bytes) {
+  // In place, the buffers in flight are the call's extra memory: bounded.
+  // Out of place the call allocates its whole output anyway: every thread.
+  return ThreadTiles(buffer_bytes, p.tiles, view.src == view.dst ? cpu_grain(p.tiles, buffer_bytes) : 1);
+}
+
 }  // namespace
 
 int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan) {
   return plan.num_scratch * view.lines * view.line_bytes;
 }
 
-void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch) {
+int64_t cpu_row_tile_bytes(const UnitView& view, const RowPlan& plan) {
+  if (plan.num_segments == 0) return 0;
+  int64_t buffer_bytes = 0;
+  const RowJob p = cpu_row_job(view, plan, &buffer_bytes);
+  return row_tiles(p, buffer_bytes).arena_bytes();
+}
+
+int64_t cpu_col_tile_bytes(const ColView& view, const ColPlan& plan) {
+  if (view.rows == 0 || view.row_bytes == 0) return 0;
+  int64_t buffer_bytes = 0;
+  const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
+  return col_tiles(view, p, buffer_bytes).arena_bytes();
+}
+
+void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena) {
   if (plan.num_segments == 0) return;
   int64_t buffer_bytes = 0;
   RowJob p = cpu_row_job(view, plan, &buffer_bytes);
@@ -43,25 +102,19 @@ void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch) {
     SerialCtx ctx;
     for (int64_t t = begin; t < end; ++t) save_segment_head<1>(ctx, p, t);
   });
-  at::parallel_for(0, p.tiles, cpu_grain(p.tiles, buffer_bytes), [&](int64_t begin, int64_t end) {
-    SerialCtx ctx;
-    Buffer buf(buffer_bytes);
-    for (int64_t t = begin; t < end; ++t) row_segment_tile<1>(ctx, p, t, buf.data);
+  row_tiles(p, buffer_bytes).run(p.tiles, arena, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
+    row_segment_tile<1>(ctx, p, t, buf);
   });
 }
 
-void run_cols_cpu(const ColView& view, const ColPlan& plan) {
+void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena) {
   if (view.rows == 0 || view.row_bytes == 0) return;
   int64_t buffer_bytes = 0;
   const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
-  // In place, the buffers in flight are the call's extra memory: bounded.
-  // Out of place the call allocates its whole output anyway: every thread.
-  const int64_t grain = view.src == view.dst ? cpu_grain(p.tiles, buffer_bytes) : 1;
+  const ThreadTiles tiles = col_tiles(view, p, buffer_bytes);
   with_chunk_bytes(p.vec, [&](auto v) {
-    at::parallel_for(0, p.tiles, grain, [&](int64_t begin, int64_t end) {
-      SerialCtx ctx;
-      Buffer buf(buffer_bytes);
-      for (int64_t t = begin; t < end; ++t) col_staged_tile<decltype(v)::value>(ctx, p, t, buf.data);
+    tiles.run(p.tiles, arena, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
+      col_staged_tile<decltype(v)::value>(ctx, p, t, buf);
     });
   });
 }
