@@ -101,8 +101,9 @@ void run_cpu(const Work& w) {
   arena += (64 - reinterpret_cast<uintptr_t>(arena) % 64) % 64;
   size_t s = 0;
   for (const RowWork& r : w.rows)
-    for (const UnitView& v : r.views) run_rows_cpu(v, r.entry->plan, scratch[s++].data_ptr<uint8_t>(), arena);
-  for (const ColWork& c : w.cols) run_cols_cpu(c.view, c.entry->plan, arena);
+    for (const UnitView& v : r.views)
+      run_rows_cpu(v, r.entry->plan, scratch[s++].data_ptr<uint8_t>(), arena, arena_bytes);
+  for (const ColWork& c : w.cols) run_cols_cpu(c.view, c.entry->plan, arena, arena_bytes);
   served(Path::kCpu);
 }
 

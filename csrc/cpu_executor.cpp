@@ -35,8 +35,12 @@ struct Buffer {
 // allocation then leaves every tensor as it was (buffers allocated inside the
 // loop, as before 2026-12-06, could fail after other threads had written).
 // ATen's loop runs min(threads, chunks) threads numbered from 0 (one chunk
-// run inline: thread 0), so `count` buffers cover them; a thread numbered
-// past them (another parallel backend) gets a buffer of its own.
+// run inline: thread 0), so `count` buffers cover them. But the count can
+// change between the caller's sizing and the loop (the first parallel_for
+// from this library on a thread resets its OpenMP count to torch's global
+// one: at::internal::lazy_init_num_threads, inlined here with a flag of its
+// own), so a thread takes a slot only where the arena holds it, and past
+// it a buffer of its own (allocated in the loop: the rare case).
 struct ThreadTiles {
   int64_t bytes, grain, count, stride;
   ThreadTiles(int64_t tile_bytes, int64_t tiles, int64_t loop_grain)
@@ -46,14 +50,15 @@ struct ThreadTiles {
         stride((tile_bytes + 63) / 64 * 64) {}
   int64_t arena_bytes() const { return count * stride; }
 
-  // body(ctx, tile, buffer) for every tile in [0, tiles).
+  // body(ctx, tile, buffer) for every tile in [0, tiles), the buffers from
+  // `arena` of `arena_bytes`.
   template <class F>
-  void run(int64_t tiles, uint8_t* arena, F&& body) const {
+  void run(int64_t tiles, uint8_t* arena, int64_t arena_bytes, F&& body) const {
     at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       const int64_t t = at::get_thread_num();
       std::unique_ptr<Buffer> own;
       uint8_t* buf = arena + t * stride;
-      if (t >= count) {
+      if ((t + 1) * stride > arena_bytes) {
         own = std::make_unique<Buffer>(bytes);
         buf = own->data;
       }
@@ -93,7 +98,8 @@ int64_t cpu_col_tile_bytes(const ColView& view, const ColPlan& plan) {
   return col_tiles(view, p, buffer_bytes).arena_bytes();
 }
 
-void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena) {
+void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena,
+                  int64_t arena_bytes) {
   if (plan.num_segments == 0) return;
   int64_t buffer_bytes = 0;
   RowJob p = cpu_row_job(view, plan, &buffer_bytes);
@@ -102,18 +108,18 @@ void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, u
     SerialCtx ctx;
     for (int64_t t = begin; t < end; ++t) save_segment_head<1>(ctx, p, t);
   });
-  row_tiles(p, buffer_bytes).run(p.tiles, arena, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
+  row_tiles(p, buffer_bytes).run(p.tiles, arena, arena_bytes, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
     row_segment_tile<1>(ctx, p, t, buf);
   });
 }
 
-void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena) {
+void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena, int64_t arena_bytes) {
   if (view.rows == 0 || view.row_bytes == 0) return;
   int64_t buffer_bytes = 0;
   const ColJob p = cpu_col_job(view, plan, &buffer_bytes);
   const ThreadTiles tiles = col_tiles(view, p, buffer_bytes);
   with_chunk_bytes(p.vec, [&](auto v) {
-    tiles.run(p.tiles, arena, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
+    tiles.run(p.tiles, arena, arena_bytes, [&](SerialCtx& ctx, int64_t t, uint8_t* buf) {
       col_staged_tile<decltype(v)::value>(ctx, p, t, buf);
     });
   });

@@ -14,14 +14,15 @@ namespace flashmla_perm {
 // CPU: tiles on ATen's intra-op thread pool, one thread per tile. What a job
 // writes through is allocated by the caller before any job of the call moves
 // a byte (so that a failed allocation leaves everything as it was): `scratch`,
-// cpu_row_scratch_bytes of it a row job; `arena` (64-byte aligned), the
-// threads' tile buffers, cpu_*_tile_bytes of it, one arena for a call's jobs
-// in turn.
+// cpu_row_scratch_bytes of it a row job; `arena` (64-byte aligned, of
+// `arena_bytes`), the threads' tile buffers, at least cpu_*_tile_bytes, one
+// arena for a call's jobs in turn.
 int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan);
 int64_t cpu_row_tile_bytes(const UnitView& view, const RowPlan& plan);
 int64_t cpu_col_tile_bytes(const ColView& view, const ColPlan& plan);
-void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena);
-void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena);
+void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena,
+                  int64_t arena_bytes);
+void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena, int64_t arena_bytes);
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
 // The device's figures and the kernels' registers, queried once per device.

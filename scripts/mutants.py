@@ -149,6 +149,12 @@ MUTANTS = [
       "",
       ["tests/test_model.py::test_empty_shards_are_left_as_the_reference_leaves_them"],
       "permute_wq_b_ plans a shard of no rows (head_dim 0) and raises, where the reference does nothing"),
+    M("cpu-arena-slot-by-recount", "csrc/cpu_executor.cpp",
+      "      if ((t + 1) * stride > arena_bytes) {",
+      "      if (t >= count) {",
+      ["tests/test_ops.py::test_a_threads_count_changing_under_a_call_stays_in_its_buffers"],
+      "a CPU tile loop's thread takes an arena slot by a thread count taken again after the arena was sized "
+      "(the first parallel_for on a thread can raise it): a heap overflow"),
     M("plugin-routes-any-signature", "flashmla_perm/vllm_plugin.py",
       "    if theirs != _parameters(ours):",
       "    if False:",

@@ -229,3 +229,50 @@ def test_a_swap_at_either_end_still_moves(device, at, gen):
         reference(expected, perm)
         op(y, perm)
         assert_same_bytes(y, expected)
+
+
+# Thread A sets one thread for itself, then another Python thread sets
+# torch's global count to 8. A's first call here sizes the CPU executor's
+# tile arena for its count (1); the library's first parallel_for on the
+# thread then resets A's OpenMP count to the global 8 (ATen's
+# lazy_init_num_threads, inlined into this library with a flag of its own),
+# and threads 1-7 of the tile loop must not take slots the arena does not
+# have (they did: a heap overflow, a segfault 4 runs in 4, found by an
+# independent review on 2026-12-06). In a process of its own: what it
+# catches crashes.
+THREAD_COUNT_CHANGES = """
+import json, threading, torch, flashmla_perm
+ops = torch.ops.flashmla_perm
+a_set, b_set, out = threading.Event(), threading.Event(), {}
+def a():
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+    a_set.set(); b_set.wait()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 256, (4096, 96), dtype=torch.uint8, generator=g)
+    p = torch.randperm(4096, generator=g)
+    expected = x[p].clone()
+    ops.permute_rows_(x, p)
+    y = torch.randint(1, 256, (512, 4096), dtype=torch.uint8, generator=g)
+    q = torch.randperm(4096, generator=g)
+    expected_cols = y[:, q].clone()
+    ops.permute_cols_(y, q)
+    out.update(rows=torch.equal(x, expected), cols=torch.equal(y, expected_cols),
+               threads=torch.get_num_threads())
+def b():
+    a_set.wait(); torch.set_num_threads(8); b_set.set()
+ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+ta.start(); tb.start(); ta.join(); tb.join()
+print(json.dumps(out))
+"""
+
+
+def test_a_threads_count_changing_under_a_call_stays_in_its_buffers():
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", THREAD_COUNT_CHANGES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["rows"] and result["cols"], result
