@@ -84,12 +84,12 @@ def _differs(original, ours):
     was checked against: its callers would get 0.33.0's bytes, or a
     TypeError at start-up."""
     try:
-        theirs = _parameters(original)
-    except (TypeError, ValueError) as e:  # no signature to read
-        return f"its signature cannot be read ({e})"
-    if theirs != _parameters(ours):
-        return f"it takes {inspect.signature(original)}, not {inspect.signature(ours)}"
-    return None
+        # A default whose == raises (a tensor) is not ours either.
+        if _parameters(original) == _parameters(ours):
+            return None
+    except Exception as e:  # noqa: BLE001 -- no signature to read, or to compare
+        return f"its signature cannot be read or compared ({type(e).__name__}: {e})"
+    return f"it takes {inspect.signature(original)}, not {inspect.signature(ours)}"
 
 
 def _devices_text(info):

@@ -156,8 +156,8 @@ MUTANTS = [
       "a CPU tile loop's thread takes an arena slot by a thread count taken again after the arena was sized "
       "(the first parallel_for on a thread can raise it): a heap overflow"),
     M("plugin-routes-any-signature", "flashmla_perm/vllm_plugin.py",
-      "    if theirs != _parameters(ours):",
-      "    if False:",
+      "        if _parameters(original) == _parameters(ours):",
+      "        if True:",
       ["tests/test_vllm.py::test_register_leaves_a_function_that_takes_other_arguments"],
       "the vLLM plugin routes a permute_on_load that takes other arguments than ours"),
     # ---- plan caches (csrc/bounded_cache.h, csrc/plan_cache.cpp, csrc/perm_cache.cpp)
