@@ -1,6 +1,6 @@
 // CPU executor: the tile bodies with one thread per tile, tiles spread over
 // ATen's intra-op thread pool. Step 1: each destination is written right after
-// its successor was read, while it is still in cache (DESIGN.md, "Order of the
+// its successor was read, while it is still in cache (docs/design.md, "Order of the
 // moves inside a segment").
 #include <ATen/Parallel.h>
 

@@ -155,7 +155,7 @@ bool gpu_cols_staged_fit(const ColView& view);
 // Resident CTAs per SM for a kernel's launch of `threads` and shared memory.
 int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_bytes);
 
-// CPU: one thread per tile, step 1 (DESIGN.md, "Order of the moves"). The
+// CPU: one thread per tile, step 1 (docs/design.md, "Order of the moves"). The
 // tiles' buffers in flight at once stay within kCpuStagingBudget: a run
 // stages at most that much, however many threads the machine has.
 constexpr int64_t kCpuStagingBudget = 512 * 1024;

@@ -94,7 +94,7 @@ std::vector<int64_t> permutation_of(const ColPlan& plan);
 bool applies(const RowPlan& plan, const int64_t* perm, int64_t n);
 bool applies(const ColPlan& plan, const int64_t* perm, int64_t n);
 
-// The model's permutations (DESIGN.md, "The layouts"); fused = standard[perm].
+// The model's permutations (docs/design.md, "The layouts"); fused = standard[perm].
 std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim);
 std::vector<int64_t> o_fused_permutation(int64_t heads_per_group, int64_t head_dim);
 std::vector<int64_t> o_fused_chunk_permutation(int64_t heads_per_group, int64_t head_dim);

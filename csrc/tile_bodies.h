@@ -231,7 +231,7 @@ FLASHMLA_PERM_BODY void copy_lines_serial(uint8_t* dst, const Lines* dst_at, con
 }
 
 // ---------------------------------------------------------------------------
-// Permutation of units by cycle segments (see DESIGN.md).
+// Permutation of units by cycle segments (see docs/design.md).
 //
 // A unit is `lines` lines of `line_bytes` contiguous bytes, line l at
 // line_at.offset(l) from the unit's start; unit u starts at data + u *

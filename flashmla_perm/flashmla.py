@@ -2,7 +2,7 @@
 ``permute_wv_proj``): same arguments, same ``[weight, scale]`` results, on every
 device, with the scales in DeepGEMM's packed layout (four ue8m0 bytes per
 int32 word along K, MN-major, rows padded to a multiple of 4 in storage; see
-DESIGN.md, "FlashMLA's own layouts"). Out of place: the inputs are untouched.
+docs/design.md, "FlashMLA's own layouts"). Out of place: the inputs are untouched.
 The reference versions are :func:`flashmla_perm.reference.permute_q_b_proj`
 and :func:`flashmla_perm.reference.permute_wv_proj`."""
 

@@ -1,4 +1,4 @@
-"""Permutation builders against the closed forms of DESIGN.md, written here
+"""Permutation builders against the closed forms of docs/design.md, written here
 as plain loops (no shared code with the builders)."""
 
 import pytest

@@ -1,7 +1,7 @@
 """flashmla_perm inside vLLM 0.33.0 (issue 15, item 6).
 
 vLLM permutes DeepSeek-V4.1's wq_b / wo_a weights by wrapping their weight
-loaders with ``permute_on_load`` (DESIGN.md, "How vLLM calls it today"). This
+loaders with ``permute_on_load`` (docs/design.md, "How vLLM calls it today"). This
 package ships a drop-in ``flashmla_perm.permute_on_load`` and a vLLM plugin
 that routes vLLM's calls to it. These tests load the same random checkpoint
 bytes through vLLM's function and through ours, in the places vLLM loads them

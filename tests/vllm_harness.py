@@ -29,7 +29,7 @@ FUSED_LAYOUT = "vllm.models.deepseek_v41.common.ops.fused_layout"
 MEGA_ATTN = "vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Fixed by the model (DESIGN.md, "The layouts").
+# Fixed by the model (docs/design.md, "The layouts").
 HEAD_DIM = fused_layout.HEAD_DIM  # 512
 GROUP = fused_layout.WV_GROUP_SIZE  # 8 heads per wo_a group
 SCALE_BLOCK = 32  # one ue8m0 scale per 32 columns (and, on disk, per 32 rows)
