@@ -92,7 +92,7 @@ int64_t staged_tile_rows(int64_t rows, int64_t buf_pitch, int64_t budget, const 
 
 // Two tile buffers a CTA: it stages its next tile while it stores this one
 // (two_stage_loop). The first device run found the kernels waiting on each
-// tile's round trip (docs/PERFORMANCE.md). For direct jobs that all gather in
+// tile's round trip (docs/performance.md, "What falls short and why"). For direct jobs that all gather in
 // their stage loop (permute_q) always; for staged jobs (in place: the wo_a and
 // wv weights and their scales) where dev.col_stages asks, each buffer half
 // the budget, until a device run says which is faster. All of a launch's jobs
@@ -265,7 +265,7 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
 // (two_stage_loop), as set_two_stages does for column tiles. With one, a
 // CTA of two or three tiles (wq_b at TP1 and TP2) has nothing in flight
 // while it stores, which the model fitted to the first device run puts at
-// 13 % of wq_b's time at TP1 (docs/PERFORMANCE.md). Only where every tile of every job
+// 13 % of wq_b's time at TP1 (docs/performance.md, "What falls short and why"). Only where every tile of every job
 // is one pass (a pass's stores must follow its own loads), V = 16 (the
 // kernel's two-stage loop is compiled for no other width) and the tiles
 // number under 2^31 (their places by FastDiv: set_row_slices).

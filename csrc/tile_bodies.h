@@ -393,7 +393,7 @@ struct RowPass {
 // once a vector, and no vector waits on a load of its own before its copy
 // (the line's copies wait on the line's). The first device run had each
 // warp issue once every 15.5 cycles in the loops that did it once a vector
-// (docs/PERFORMANCE.md, "A second explanation"). Slot s of `slots` takes
+// (docs/performance.md, "What falls short and why"). Slot s of `slots` takes
 // lines s, s + slots, ... A GPU tile is whole warps (Ctx::kWholeWarps:
 // kGpuThreads); a host context may run any number of threads, its last
 // warp partial. A pass of fewer lines than warps leaves warps idle (wq_b at

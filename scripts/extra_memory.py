@@ -1,4 +1,4 @@
-"""Extra peak memory of one in-place permutation, measured the way README
+"""Extra peak memory of one in-place permutation, measured the way docs/api.md
 states its bound: peak RSS above the level just before the call, each case
 in a fresh process (no plan cached yet, so the plan's memory counts). The
 process first permutes a small tensor along each kind of dim, so that what a

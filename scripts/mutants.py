@@ -1,5 +1,5 @@
 """Mutation check: small bugs planted one at a time in a copy of the tree,
-each of which some test must catch (docs/TESTING.md has the table).
+each of which some test must catch (docs/testing.md has the table).
 
     python scripts/mutants.py                 # every mutant
     python scripts/mutants.py slice-offset-serial plan-scratch-slot   # some
@@ -187,7 +187,7 @@ MUTANTS = [
       ["tests/test_prepared.py::test_a_device_perm_is_found_by_the_tensor_and_its_version"],
       "a device perm written in place is found by its address and reused with the old values",
       needs_cuda=True),
-    # ---- extra memory (csrc/launch.cpp): README's bound
+    # ---- extra memory (csrc/launch.cpp): the bound in docs/api.md
     M("cpu-staging-unbounded", "csrc/launch.cpp",
       "return (v.run < v.row_bytes ? 2 : 1) * v.row_bytes <= kCpuStagingBudget;",
       "return true;",

@@ -1,4 +1,4 @@
-"""README's extra-memory bound, measured: peak RSS above the level just
+"""The extra-memory bound of docs/api.md, measured: peak RSS above the level just
 before one in-place call, each case in a fresh process (nothing of its plan
 cached, so the plan's own memory counts) that has first permuted a small
 tensor (the code pages and lazy state every process touches once are not the

@@ -162,7 +162,7 @@ def test_long_cycles_cut_into_segments(device, length, gen):
 def test_rows_too_wide_to_stage_take_the_row_form(device, dtype, kind, gen):
     """A stride-1 dim whose rows are over a CPU thread's staging budget
     (512 KiB) or a GPU tile buffer: permuted as cycles of columns, never
-    staged whole (README, "Extra memory")."""
+    staged whole (docs/api.md, "Memory bound")."""
     n = (600 << 10) // torch.tensor([], dtype=dtype).element_size()
     x = random_tensor((3, n), dtype, device, gen)
     perm = torch.randperm(n, generator=gen) if kind == "random" else one_cycle(n, gen)

@@ -1,4 +1,4 @@
-"""What the C++ sources include, which is most of the build's time (README,
+"""What the C++ sources include, which is most of the build's time (docs/design.md,
 "Build time"): no file includes ATen/ATen.h (every op's declaration, 18.6 s
 of parsing per file on the CI machine), and the CUDA kernels include no torch
 header at all (nvcc parses its file once per architecture)."""
