@@ -1,14 +1,9 @@
 #!/usr/bin/env python3
-"""One native call of a model op on one DeepSeek-V4.1 TP1 layer, for Nsight
-Compute: gpu_check runs it under `ncu` once per kind (so that every profiled
-launch of our kernels belongs to that kind), and on the CPU in its dry mode.
+"""One native call of a model op on one DeepSeek-V4.1 TP1 layer, checked
+byte for byte against flashmla_perm.reference: the device check runs it
+under `ncu` once per kind, and on the CPU in its dry mode.
 
-    python bench/ncu_case.py KIND [--device cuda|cpu] [--json PATH]
-
-KIND is a weight kind of bench/bench_load_time.py (wq_b, wo_a, ...). The
-result is checked byte for byte against flashmla_perm.reference. Writes
-{kind, device, tensor_bytes, bytes_moved (every byte read and written once),
-ok, native} to --json. Exit status 0 when the bytes match.
+    python device/ncu_case.py KIND [--device cuda|cpu] [--json PATH]
 """
 
 import argparse
@@ -18,7 +13,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 import bench_load_time as bench  # noqa: E402  (puts the repository root first on sys.path)
 
 
