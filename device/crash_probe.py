@@ -1,21 +1,14 @@
-"""Crash probe: each case the first op of its own process, with
-device/crash_handler.c loaded, and how each ended (exit status, signal,
-the handler's record, what it raised), beside a record of the environment.
-
-The first device run's CUDA suite died of a segmentation fault in its first
-test, a `wq_b` scale with the wrong row count that must raise ValueError (it
-does on the CPU). The cases tell the suspects apart: a plain torch error
-after CUDA's start with and without this package imported, the bad call
-with and without torch's C++ stack traces, the suite's own shape, and the
-CPU cases on the device build. Without a GPU (--device cpu) the same cases
-run on CPU tensors.
+"""Crash probe: each case the first op of its own process, crash_handler.c
+loaded, and how each ended (exit status, signal, the handler's record, what
+it raised), beside a record of the environment. The first device run's CUDA
+suite died of a segmentation fault in its first test (a wq_b scale with the
+wrong row count, which must raise ValueError, as it does on the CPU); the
+cases tell the suspects apart. --device cpu: the same cases on CPU tensors.
 
     python device/crash_probe.py [--device cuda|cpu] [--out DIR]
-    python device/crash_probe.py --case NAME --device D   (what the parent runs)
 
-Writes DIR/probe.json, and each case's whole stderr (the handler's maps
-among it) to DIR/probe_<case>.err. Exit status 0 when every case ended as
-expected.
+Writes DIR/probe.json and each case's stderr (the maps among it) to
+DIR/probe_<case>.err. Exit status 0 when every case ended as expected.
 """
 
 import argparse
@@ -32,7 +25,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASE_TIMEOUT_S = 50  # every case at once; the device check gives the step 60 s
+CASE_TIMEOUT_S = 40  # every case at once; the device check gives the step 45 s
 CRASHED_TEST = "test_model_errors_leave_both_tensors_untouched"
 BAD_ROWS = ("ValueError", "weight_scale")
 TORCH_ERROR = ("RuntimeError|IndexError", "")
@@ -134,8 +127,7 @@ def handler_record(stderr):
     maps = rest.split("crash_handler: maps\n", 1)[-1].split("crash_handler: backtrace", 1)[0].splitlines()
     where = next((line for line in maps if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line)
                   and int(line.split("-")[0], 16) <= int(pc, 16) < int(line.split()[0].split("-")[1], 16)), None)
-    frames = rest.split("crash_handler: backtrace\n", 1)[1].split("crash_handler: end")[0].splitlines() \
-        if "crash_handler: backtrace\n" in rest else []
+    frames = rest.partition("crash_handler: backtrace\n")[2].split("crash_handler: end")[0].splitlines()
     return {"signal": int(sig), "signal_name": signal.Signals(int(sig)).name, "si_code": int(code), "si_addr": addr,
             "pc": pc, "sp": sp, "pc_in": where, "maps_lines": len(maps), "frames": frames,
             "backtrace_ended": "crash_handler: end" in rest}
@@ -151,8 +143,7 @@ def ended(argv, handler, env=None, timeout=CASE_TIMEOUT_S):
                               cwd=ROOT)
         return done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
-        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
-        return "timeout", out, err
+        return "timeout", *(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
 
 
 def handler_env(handler, env):
@@ -167,8 +158,7 @@ def judge(name, expected, rc, out, err):
     record = {"case": name, "rc": rc}
     if isinstance(rc, int) and rc < 0:
         record["signal"] = signal.Signals(-rc).name
-    handled = handler_record(err)
-    if handled:
+    if handled := handler_record(err):
         record["handler"] = handled
     if "CASE_OUTCOME " in out:
         record.update(json.loads(out.split("CASE_OUTCOME ", 1)[1].splitlines()[0]))
@@ -223,17 +213,17 @@ def probe(device, out_dir, handler, names=tuple(CASES)):
             f.write(err)
         return judge(name, CASES[name][1], rc, out, err)
 
-    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
-        for record in pool.map(one, names):
-            doc["cases"].append(record)
-            h = record.get("handler")
-            said = (f"died of {h['signal_name']} at {h['si_addr']}, pc in {h['pc_in']}" if h else
-                    record.get("signal") or record.get("summary") or
-                    (f"raised {record['raised']}: {record['message']}" if record.get("raised")
-                     else record.get("message", f"exit {record['rc']}")))
-            print(f"  {'OK   ' if record['ok'] else 'WRONG'} {record['case']:<30} {str(said)[:140]}", flush=True)
-    with open(os.path.join(out_dir, "probe.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:  # probe.json as each case ends
+        for future in concurrent.futures.as_completed([pool.submit(one, name) for name in names]):
+            r = future.result()
+            doc["cases"] = sorted(doc["cases"] + [r], key=lambda c: names.index(c["case"]))
+            with open(os.path.join(out_dir, "probe.json"), "w") as f:
+                json.dump(doc, f, indent=1)
+            h = r.get("handler")
+            said = (f"died of {h['signal_name']} at {h['si_addr']}, pc in {h['pc_in']}" if h else r.get("signal")
+                    or r.get("summary") or (f"raised {r['raised']}: {r['message']}" if r.get("raised")
+                                            else r.get("message", f"exit {r['rc']}")))
+            print(f"  {'OK   ' if r['ok'] else 'WRONG'} {r['case']:<30} {str(said)[:140]}", flush=True)
     return doc
 
 

@@ -173,11 +173,14 @@ def predict(case, fig, regs, plan=None, scale=None):
             "copy_us": round(copy_us, 3), "x_copy_predicted": round(us / copy_us, 3), "launches": priced}
 
 
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def measured_rows(path):
     """{(kind, tp): x the copy} of the native rows in a bench.json (device times)."""
-    with open(path) as f:
-        doc = json.load(f)
-    rows = {(r["kind"], r["tp"], r["backend"]): r["device_ms_per_layer"] for r in doc.get("rows", [])}
+    rows = {(r["kind"], r["tp"], r["backend"]): r["device_ms_per_layer"] for r in load(path).get("rows", [])}
     return {(k, tp): ms / rows[(k, tp, "copy")] for (k, tp, b), ms in rows.items()
             if b == "native" and rows.get((k, tp, "copy"))}
 
@@ -185,10 +188,8 @@ def measured_rows(path):
 def sweep_points(path, fig, regs, scale):
     """Each plan of a device check's sweep.json: wq_b and wo_a at TP 1
     predicted under it, beside what the plan measured."""
-    with open(path) as f:
-        doc = json.load(f)
     out = []
-    for label, entry in doc.items():
+    for label, entry in load(path).items():
         plan = {PLAN_FIELDS[k]: int(v) for k, v in entry.get("env", {}).items() if v != ""}
         for key, row in entry.get("rows", {}).items():
             kind = key.split()[0]
@@ -211,16 +212,9 @@ def main(argv=None):
     p.add_argument("--ops", help="only these ops (comma-separated)")
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
-    card = None
-    if args.card:
-        from card import card_in
-        with open(args.card) as f:
-            card = card_in(json.load(f))
-    fig, regs = card_figures(card), registers(args.ptxas_log)
-    scale = {}
-    if args.sass:
-        with open(args.sass, errors="replace") as f:
-            scale = sass_scale(f.read())
+    from card import card_in
+    fig, regs = card_figures(card_in(load(args.card)) if args.card else None), registers(args.ptxas_log)
+    scale = sass_scale(open(args.sass, errors="replace").read()) if args.sass else {}
     measured = measured_rows(args.measured) if args.measured else {}
     records = []
     print(f"card: {fig['name']}, {fig['sms']} SMs at {fig['clock_ghz']} GHz, copy {fig['copy_tbps']:.3f} TB/s; "

@@ -23,19 +23,18 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    model = bench.parse_args(["--tp", "1"])  # the benchmark's model defaults
-    _, _, arg = bench.shapes(model, args.kind, 1)
-    layer = bench.make_layer(model, args.kind, 1, args.device)
+    _, _, arg = bench.shapes(bench.parse_args(["--tp", "1"]), args.kind, 1)
+    layer = bench.make_layer(bench.parse_args(["--tp", "1"]), args.kind, 1, args.device)
     expected = [t.clone() for t in layer]
     bench.weight_fn("native", args.kind, arg)(layer)  # the call ncu profiles
     bench.weight_fn("reference", args.kind, arg)(expected)
     nbytes = bench.tensors_bytes(layer)
-    result = {"kind": args.kind, "device": args.device, "tensor_bytes": nbytes, "bytes_moved": 2 * nbytes,
+    result = {"kind": args.kind, "device": args.device, "bytes_moved": 2 * nbytes,
               "ok": bench.same_bytes(layer, expected), "native": bench.flashmla_perm.build_info()["native"]}
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(result, f, indent=1)
     return 0 if result["ok"] else 1
 
 

@@ -387,8 +387,8 @@ MUTANTS = [
       ["device/tests/test_crash_probe.py"],
       "the crash record leaves out the maps that place pc and si_addr"),
     M("crash-handler-stale-si-addr", "device/crash_handler.c",
-      "say_hex(info ? (uintptr_t)info->si_addr : 0);",
-      "say_hex(pc);",
+      "say_num(\" si_addr \", (uintptr_t)info->si_addr, 1);",
+      "say_num(\" si_addr \", pc, 1);",
       ["device/tests/test_crash_probe.py"],
       "the crash record's si_addr is not the faulting address"),
 ]
