@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -85,10 +86,10 @@ class Check:
                                 stdout=out, stderr=self.log, start_new_session=True)
         try:
             rc = proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:  # its own session: kill it with us
             os.killpg(proc.pid, 9)
             proc.wait()
-            raise TimeoutError("ran past its timeout")
+            raise e if isinstance(e, KeyboardInterrupt) else TimeoutError("ran past its timeout")
         finally:
             if stdout:
                 out.close()
@@ -294,6 +295,8 @@ class Check:
                 status = "ok"
             except TimeoutError as e:
                 status, entry["note"] = "TIMEOUT", str(e)
+            except KeyboardInterrupt:  # SIGINT or SIGTERM: the step's processes are gone, the record kept
+                status, entry["note"] = "INTERRUPTED", "the check was stopped"
             except Exception as e:  # a step that fails or cannot start: the others still run
                 status, entry["note"] = "FAILED", f"{type(e).__name__}: {e}"
         try:
@@ -303,6 +306,8 @@ class Check:
         entry.update(status=status, seconds=round(time.monotonic() - start, 1), figures=figures)
         self.write()
         print(f"   -> {name}: {status} in {entry['seconds']}s {entry.get('note', '')}", flush=True)
+        if status == "INTERRUPTED":
+            sys.exit(1)
         return status == "ok"
 
     def run_all(self):
@@ -387,4 +392,5 @@ def ncu_figures(csv_path, case):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # an outer timeout stops the step's processes too
     sys.exit(Check(os.environ).run_all())
