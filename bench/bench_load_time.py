@@ -63,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "device"))
 from card import record_cuda_card  # noqa: E402
 
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")

@@ -24,7 +24,7 @@
 
 namespace flashmla_perm {
 
-// The device check's sweep (bench/gpu_check.py) plans launches other than
+// The device check's sweep (device/check.py) plans launches other than
 // the default through these, read with the device's figures, once a
 // process: FLASHMLA_PERM_MAX_CTAS_PER_SM=n, at most n CTAs a SM (fewer bytes
 // in flight, the same work: it tells the load latency a tile sees from the

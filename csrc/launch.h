@@ -2,7 +2,7 @@
 // that decides a GPU launch's configuration (grid, threads, shared memory,
 // vector widths, steps, tiles) and a CPU run's tiling. Pure C++, no ATen and
 // no CUDA: the CUDA launcher, the CPU executor, the host harness (which runs
-// the very launches the GPU gets) and bench/gpu_model.py (through the native
+// the very launches the GPU gets) and device/model.py (through the native
 // module) all call it.
 #pragma once
 

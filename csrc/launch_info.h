@@ -1,6 +1,6 @@
 // flashmla_perm._C.gpu_launches: the CUDA executor's launches for a model
 // op, computed by launch.h on this host (CPU builds too), for
-// bench/gpu_model.py and the tests. Plain C++ here: module.cpp, the one
+// device/model.py and the tests. Plain C++ here: module.cpp, the one
 // translation unit that includes pybind11, turns these into Python dicts.
 #pragma once
 

@@ -76,7 +76,7 @@ void clear_plan_caches() {
 }
 
 // gpu_launches: launch_info.h's structs as dicts, one per launch, its jobs a
-// list of dicts (bench/gpu_model.py and the tests read these keys).
+// list of dicts (device/model.py and the tests read these keys).
 py::dict job_dict(const fp::JobInfo& j) {
   py::dict d;
   d["kind"] = j.kind;

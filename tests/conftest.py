@@ -1,5 +1,4 @@
 import contextlib
-import importlib.util
 import os
 
 import pytest
@@ -16,13 +15,6 @@ DTYPES = [
     torch.bfloat16, torch.float16, torch.float32,
 ]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "model_runs: runs bench/gpu_model.py's simulation over whole ops (seconds to a minute each). "
-        "Past gpu_launches (which test_gpu_model.py::test_launch_figures checks in every build) it is pure Python, "
-        "so CI runs these in one CPU and one CUDA suite and deselects them (-m 'not model_runs') in the others.")
 
 
 def pytest_report_header(config):
@@ -89,16 +81,6 @@ LAUNCH_CASES = [
     ("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)
 ] + [("wq_b_packed", [3 * 48, 1024, 3, 128]), ("wv_packed", [3, 33, 1024, 8]),
      ("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
-
-
-def load_gpu_model():
-    """A fresh module of bench/gpu_model.py (a script, loaded by its path; a
-    test that changes its globals changes only its own copy)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_model.py")
-    spec = importlib.util.spec_from_file_location("gpu_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def random_tensor(shape, dtype=torch.uint8, device="cpu", gen=None):

@@ -21,7 +21,7 @@ import torch
 import flashmla_perm as fp
 from flashmla_perm import reference as ref
 
-from conftest import INFO, LAUNCH_CASES, assert_same_bytes, expect_path, load_gpu_model, poison, random_tensor
+from conftest import INFO, LAUNCH_CASES, assert_same_bytes, expect_path, poison, random_tensor
 from flashmla_perm import _ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -477,12 +477,13 @@ def test_plan_evicted_while_its_kernels_are_queued(gen):
 
 def sweep_plans():
     """The default plan and the device check's sweep plans, as fields."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    import gpu_check
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "device"))
+    import check
+    import model
 
-    fields = load_gpu_model().PLAN_FIELDS  # the executor's plan environment as gpu_launches' fields
+    fields = model.PLAN_FIELDS  # the executor's plan environment as gpu_launches' fields
     return [("default", {})] + [(label, {fields[k]: int(v) for k, v in env.items()})
-                                for label, env, _ in gpu_check.SWEEP]
+                                for label, env, _ in check.SWEEP]
 
 
 @needs_kernels
@@ -496,7 +497,9 @@ def test_every_planned_cta_is_resident_at_once(label, plan):
     carveout, but that is a hint: where the driver grants less, wo_a's 6 CTAs
     of 33 KiB (198 KiB) would not fit and a sixth of its grid would wait."""
     fields = {**_ops._C.cuda_device_fields(torch.cuda.current_device()), **plan}
-    cases = [(c.op.replace("_h128", ""), c.dims) for c in load_gpu_model().cases()] + LAUNCH_CASES
+    import model  # device/model.py, on sys.path since sweep_plans()
+
+    cases = [(c.op.replace("_h128", ""), c.dims) for c in model.cases()] + LAUNCH_CASES
     checked = set()
     for op, dims in cases:
         for launch in _ops._C.gpu_launches(op, dims, fields):

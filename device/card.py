@@ -1,18 +1,10 @@
-"""The CUDA card a run is on, in the figures the benchmark records beside
-its times and the performance model plans and predicts with.
-
-The first device run was an H200; the device tool now offers an H100 first
-(the same SM, slower memory; an H100 PCIe also has fewer SMs). So every
-figure a run reports names its card, and the model takes the card's SMs,
-shared memory, clock and memory peak from here (`gpu_model.py --card`)
-instead of the H200's.
-
-The runtime reports SMs, shared memory and L2 exactly, and a memory clock
-and bus width whose product is the memory's peak. The SM clock and the peak
-are taken from the data sheet where the card's name is known and the
-runtime's peak agrees with it, since the data sheet is what the model's
-H200 figures were scaled against; otherwise from the runtime. `source`
-says which.
+"""The CUDA card a run is on: its SMs, shared memory, SM clock and memory
+peak, recorded beside the benchmark's times and used by device/model.py in
+place of the H200's it was fitted on. The runtime gives SMs, shared memory
+and L2 exactly, and a memory clock and bus width; the SM clock and the peak
+come from the data sheet where the card's name is known and the runtime's
+peak agrees with it (the model's H200 figures were scaled against the data
+sheet), else from the runtime. `source` says which.
 """
 
 import re
@@ -28,8 +20,8 @@ DATA_SHEET = (
     ("H100", {"sms": 132, "clock_ghz": 1.98, "peak_tbps": 3.35}),  # SXM5, 80 GB
 )
 # A runtime peak this far from the data sheet's is another part under the
-# same name (an H100 with 94 GB, a GH200 were its name to match): the
-# runtime's figures then. The H200's own runtime figure is 2.4 % over.
+# same name (an H100 with 94 GB): the runtime's figures then. The H200's own
+# runtime figure is 2.4 % over.
 AGREE = 0.10
 
 
@@ -81,8 +73,7 @@ def cuda_card(index=0):
         return None
     with torch.cuda.device(index):  # some torch builds read the current device's attributes
         p = torch.cuda.get_device_properties(index)
-    # The clocks and the bus width are newer than torch 2.9 (the oldest this
-    # project supports): 0 where this torch has none.
+    # The clocks and the bus width are newer than torch 2.9: 0 where this torch has none.
     clocks = [getattr(p, a, 0) for a in OPTIONAL_PROPERTIES]
     return card_figures(p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor, p.L2_cache_size,
                         p.total_memory, *clocks)

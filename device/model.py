@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""GPU model of the model ops' launches, without a GPU: what a contributor
+needs to reason about a kernel change before a device run.
+
+Per op and TP it takes the launches csrc/launch.cpp plans (through the
+native module's gpu_launches: grid, CTAs per SM, tiles, bytes, loads in
+flight a CTA) for a card (device/card.py; an H200 by default) and prices:
+
+  * bytes moved: every byte read and written once;
+  * bytes in flight per SM (CTAs per SM x a CTA's loads in flight) against
+    Little's law: to stream at the copy's bandwidth each SM must hold
+    bandwidth / SMs x latency in flight; with less, bandwidth falls to
+    in flight x SMs / latency;
+  * issue cost: instructions per item of each kernel's loops (recorded from
+    the SASS of a build, scaled by the kernel's instruction count where
+    --sass gives a build's cuobjdump output) over the SMs' issue rate;
+  * time = launch + latency + the longer of moving the bytes and issuing,
+    against a device copy of the same tensors (one kernel each).
+
+    python device/model.py [--card gpu.json] [--ptxas-log build.log] [--sass SASS.txt]
+                           [--measured bench.json] [--sweep sweep.json] [--json PATH]
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections import namedtuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "device"), os.path.join(ROOT, "scripts")]
+
+# DeepSeek-V4.1-Flash: 64 heads of 512, q_lora_rank 1280, o_lora_rank 1024
+# per group of 8 heads; Q activations: 4096 bf16 tokens.
+HEADS, HEAD_DIM, Q_LORA_RANK, O_LORA_RANK, GROUP, TOKENS = 64, 512, 1280, 1024, 8, 4096
+TPS = (1, 2, 4, 8)
+
+H200 = {"sms": 132, "smem_per_sm_kib": 228, "clock_ghz": 1.98, "peak_tbps": 4.8}  # data sheet
+H200_RUNTIME_PEAK_TBPS = 2 * 3.201e9 * 6144 / 8 / 1e12  # 4.917: the runtime's clock x bus, not the data sheet's
+SCHEDULERS = 4  # warp schedulers per SM (Hopper)
+COPY_LATENCY_US = 0.7  # a copy kernel's first bytes: DRAM latency
+# Fitted to the first device run (NVIDIA H200, driver 580.159.04, torch
+# 2.11.0+cu130; its bench step's wq_b and wo_a at TP 1-8): the benchmark
+# copy's bandwidth and launch, and the latency a tile sees and the issue
+# rate (instructions a scheduler a clock) that explained the kernels' times.
+FITTED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753}
+
+# Instructions a lane issues an item (one V-byte vector), stage and store
+# loops together, and a row loop's once a line (position load, address),
+# read from the sm_90 SASS of the build with row loops a warp a line:
+# (job kind, gathers in its stage loop, V) -> (per item, per line).
+PER_ITEM = {("rows", False, 16): (15.5, 113.5), ("rows", False, 8): (15.5, 123.0),
+            ("cols_staged", True, 16): (71.3, 0.0), ("cols_staged", False, 16): (161.5, 0.0),
+            ("cols_staged", False, 4): (94.5, 0.0), ("cols_direct", True, 16): (68.5, 0.0),
+            ("save_heads", False, 16): (36.0, 0.0)}
+SASS_TOTALS = {"rows": 10192, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}  # that build's
+KERNEL_OF_SYMBOL = (("flashmla_perm_colsILb1", "cols_staged"), ("flashmla_perm_colsILb0", "cols_direct"),
+                    ("flashmla_perm_save_heads", "save_heads"), ("flashmla_perm_rows", "rows"))
+DEFAULT_REGS = {"rows": 92, "save_heads": 72, "cols": 80}  # sm_90, nvcc 13 (ptxas -v)
+# The executor's launch-plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
+PLAN_FIELDS = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm", "FLASHMLA_PERM_COL_STAGES": "col_stages",
+               "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+
+Case = namedtuple("Case", "op tp dims")
+
+
+def cases(ops=None):
+    out = []
+    for tp in TPS:
+        rows, heads = HEADS // tp * HEAD_DIM, HEADS // tp
+        out += [Case("wq_b", tp, [rows, Q_LORA_RANK, heads]), Case("wq_b_packed", tp, [rows, Q_LORA_RANK, heads, 32]),
+                Case("wo_a", tp, [HEADS // GROUP // tp * O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
+                Case("wv_packed", tp, [max(HEADS // GROUP // tp, 1), O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
+                Case("permute_q", tp, [TOKENS, HEADS // tp, HEAD_DIM, 2]),
+                Case("permute_q_h128", tp, [TOKENS, 2 * HEADS // tp, HEAD_DIM, 2])]
+    return [c for c in out if not ops or c.op in ops]
+
+
+def card_figures(card=None):
+    """The card's SMs, shared memory, clock and peak (the H200's where it has
+    none), and the fitted figures, the copy's bandwidth scaled by its peak."""
+    card = card or {}
+    fig = {k: card.get(k) or v for k, v in H200.items()}
+    fig["name"] = card.get("name", "H200 (no card given)")
+    fig.update(FITTED, schedulers=SCHEDULERS)
+    # Peaks compare on one footing: the runtime's against the H200's runtime peak.
+    runtime = str(card.get("source", "")).startswith("runtime") and card.get("peak_tbps")
+    fig["copy_tbps"] *= fig["peak_tbps"] / (H200_RUNTIME_PEAK_TBPS if runtime else H200["peak_tbps"])
+    return fig
+
+
+def registers(ptxas_log=None, arch="sm_90"):
+    """Registers per thread of each kernel: the worst build of each in the log, else today's."""
+    regs = dict(DEFAULT_REGS)
+    if ptxas_log:
+        from ptxas_gate import parse  # scripts/ptxas_gate.py: the one reader of ptxas logs
+        with open(ptxas_log, errors="replace") as f:
+            kernels = [k for k in parse(f.read()) if k["arch"] == arch and "registers" in k]
+        for name in regs:
+            regs[name] = max([k["registers"] for k in kernels if f"flashmla_perm_{name}" in k["kernel"]],
+                             default=regs[name])
+    return regs
+
+
+def sass_scale(text):
+    """Per kernel kind, its instruction count in a build's cuobjdump -sass
+    output over the recorded build's: the factor its per-item counts take."""
+    parts = re.split(r"\n\s*Function : (\S+)\n", text)
+    counts = {}
+    for symbol, body in zip(parts[1::2], parts[2::2]):
+        kind = next((k for s, k in KERNEL_OF_SYMBOL if s in symbol), None)
+        if kind:
+            counts[kind] = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", body))  # the last of each, as recorded
+    return {k: n / SASS_TOTALS[k] for k, n in counts.items()}
+
+
+def device_fields(fig, regs, plan=None):
+    """DeviceSpec fields (csrc/launch.h) for gpu_launches: the card's, and a
+    launch plan's (stages, CTA cap, tile budget) where one is given."""
+    return {"sm_count": fig["sms"], "smem_per_sm": fig["smem_per_sm_kib"] * 1024, "regs_rows": regs["rows"],
+            "regs_save_heads": regs["save_heads"], "regs_cols": regs["cols"], **(plan or {})}
+
+
+def job_instructions(job, scale):
+    """Warp instructions a job issues (32 lanes an instruction)."""
+    per_item, per_line = PER_ITEM[(job["kind"], bool(job.get("gathered_stage")), job["vec"])]
+    items = job["bytes"] / job["vec"]
+    if per_line and job.get("slice_vectors"):
+        per_item += per_line / job["slice_vectors"]
+    return items * per_item * scale.get(job["kind"], 1.0) / 32
+
+
+def price_launch(launch, fig, scale=None):
+    """One launch's figures: in flight per SM against Little's law, issue
+    time against memory time, and the time they give (us)."""
+    nbytes = sum(j["bytes"] for j in launch["jobs"])
+    sms = min(fig["sms"], launch["grid"])  # SMs with a CTA
+    ctas = min(launch["ctas_per_sm"], math.ceil(launch["grid"] / fig["sms"]))
+    main = max(launch["jobs"], key=lambda j: j["bytes"])
+    in_flight = ctas * main["inflight_bytes"]
+    needed = fig["copy_tbps"] * 1e6 * fig["latency_us"] / fig["sms"]  # bytes: TB/s x us / SMs
+    instructions = sum(job_instructions(j, scale or {}) for j in launch["jobs"] if j["tiles"])
+    issue_us = instructions / sms / (fig["schedulers"] * fig["ipc"] * fig["clock_ghz"] * 1e3)
+    # With one stage a CTA issues a tile's stores before its next loads: its
+    # loads are in flight for one latency of every latency + a tile's issue.
+    tile_issue_us = issue_us * sms / launch["tiles"]
+    busy = 1.0 if launch["stages"] > 1 else fig["latency_us"] / (fig["latency_us"] + tile_issue_us)
+    tbps = min(fig["copy_tbps"], sms * in_flight * busy / fig["latency_us"] / 1e6)
+    memory_us = 2 * nbytes / (tbps * 1e6)
+    dram_us = 2 * nbytes / (fig["copy_tbps"] * 1e6)
+    return {"kernel": launch["kernel"], "grid": launch["grid"], "ctas_per_sm": launch["ctas_per_sm"],
+            "tiles": launch["tiles"], "stages": launch["stages"], "smem_bytes": launch["smem_bytes"],
+            "bytes_moved": 2 * nbytes, "in_flight_per_sm": round(in_flight * busy), "needed_in_flight_per_sm": round(needed),
+            "instructions_per_byte": round(instructions / (2 * nbytes), 4),
+            "bound": "issue" if issue_us > memory_us else "in flight" if tbps < fig["copy_tbps"] else "bandwidth",
+            "components_us": {"launch": fig["launch_us"], "latency": fig["latency_us"], "dram": round(dram_us, 3),
+                              "in_flight": round(memory_us - dram_us, 3),
+                              "issue": round(max(0.0, issue_us - memory_us), 3)},
+            "us": fig["launch_us"] + fig["latency_us"] + max(memory_us, issue_us)}
+
+
+def predict(case, fig, regs, plan=None, scale=None):
+    from flashmla_perm import _ops
+    launches = _ops._C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_fields(fig, regs, plan))
+    priced = [price_launch(launch, fig, scale) for launch in launches]
+    nbytes = sum(p["bytes_moved"] for p in priced) // 2
+    tensors = 1 if case.op.startswith("permute_q") else 2  # the copy: one kernel a tensor
+    copy_us = tensors * (fig["launch_us"] + COPY_LATENCY_US) + 2 * nbytes / (fig["copy_tbps"] * 1e6)
+    us = sum(p["us"] for p in priced)
+    return {"op": case.op, "tp": case.tp, "bytes_moved": 2 * nbytes, "predicted_us": round(us, 3),
+            "copy_us": round(copy_us, 3), "x_copy_predicted": round(us / copy_us, 3), "launches": priced}
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def measured_rows(path):
+    """{(kind, tp): x the copy} of the native rows in a bench.json (device times)."""
+    rows = {(r["kind"], r["tp"], r["backend"]): r["device_ms_per_layer"] for r in load(path).get("rows", [])}
+    return {(k, tp): ms / rows[(k, tp, "copy")] for (k, tp, b), ms in rows.items()
+            if b == "native" and rows.get((k, tp, "copy"))}
+
+
+def sweep_points(path, fig, regs, scale):
+    """Each plan of a device check's sweep.json: wq_b and wo_a at TP 1
+    predicted under it, beside what the plan measured."""
+    out = []
+    for label, entry in load(path).items():
+        plan = {PLAN_FIELDS[k]: int(v) for k, v in entry.get("env", {}).items() if v != ""}
+        for key, row in entry.get("rows", {}).items():
+            kind = key.split()[0]
+            case = next((c for c in cases([kind]) if c.tp == 1), None)
+            if case and key.endswith(" native"):
+                p = predict(case, fig, regs, plan, scale)
+                out.append({"plan": label, "op": kind, "x_copy_predicted": p["x_copy_predicted"],
+                            "x_copy_measured": row.get("x_copy_device"),
+                            "bound": [launch["bound"] for launch in p["launches"]]})
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--card", help="a JSON a device run wrote with its card (gpu.json, bench.json)")
+    p.add_argument("--ptxas-log", help="a build log with ptxas -v lines: the kernels' registers")
+    p.add_argument("--sass", help="cuobjdump -sass output of a build: its kernels' instruction counts")
+    p.add_argument("--measured", help="a bench.json: its native rows' x copy beside the prediction")
+    p.add_argument("--sweep", help="a device check's sweep.json: each plan predicted beside measured")
+    p.add_argument("--ops", help="only these ops (comma-separated)")
+    p.add_argument("--json", help="write the records here")
+    args = p.parse_args(argv)
+    from card import card_in
+    fig, regs = card_figures(card_in(load(args.card)) if args.card else None), registers(args.ptxas_log)
+    scale = sass_scale(open(args.sass, errors="replace").read()) if args.sass else {}
+    measured = measured_rows(args.measured) if args.measured else {}
+    records = []
+    print(f"card: {fig['name']}, {fig['sms']} SMs at {fig['clock_ghz']} GHz, copy {fig['copy_tbps']:.3f} TB/s; "
+          f"registers {regs}")
+    print(f"{'op':<15}{'tp':>3} {'MB moved':>9} {'us':>8} {'x copy':>7} {'measured':>9}  launches "
+          "(kernel grid/CTAs per SM, KiB in flight per SM of needed, bound)")
+    for case in cases(args.ops.split(",") if args.ops else None):
+        r = predict(case, fig, regs, scale=scale)
+        if (case.op, case.tp) in measured:
+            r["x_copy_measured"] = round(measured[(case.op, case.tp)], 3)
+        records.append(r)
+        print(f"{case.op:<15}{case.tp:>3} {r['bytes_moved'] / 1e6:>9.1f} {r['predicted_us']:>8.1f} "
+              f"{r['x_copy_predicted']:>7.2f} {r.get('x_copy_measured', ''):>9}  " + "; ".join(
+                  f"{lp['kernel']} {lp['grid']}/{lp['ctas_per_sm']}, {lp['in_flight_per_sm'] / 1024:.0f} of "
+                  f"{lp['needed_in_flight_per_sm'] / 1024:.0f} KiB, {lp['bound']}" for lp in r["launches"]))
+    sweep = sweep_points(args.sweep, fig, regs, scale) if args.sweep else []
+    for s in sweep:
+        print(f"sweep {s['plan']:<14} {s['op']:<6} x copy predicted {s['x_copy_predicted']:.2f}, measured "
+              f"{s['x_copy_measured']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"card": fig, "registers": regs, "sass_scale": scale, "records": records, "sweep": sweep}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
