@@ -75,7 +75,7 @@ TOKENS, Q_ELEMENT_SIZE = 4096, 2
 TPS = (1, 2, 4, 8)
 
 # Registers per thread today (sm_90, nvcc 13, 128 threads per CTA; ptxas -v).
-DEFAULT_REGS = {"rows": 92, "save_heads": 72, "cols": 80}
+DEFAULT_REGS = {"rows": 71, "save_heads": 56, "cols": 56}
 
 # Instructions per item (one V-byte vector) of each kernel's inner loops, on
 # the path a full batch takes: read with `--sass` from the sm_90 SASS of the
