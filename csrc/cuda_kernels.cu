@@ -100,8 +100,19 @@ __device__ __forceinline__ void two_stage_tiles(CudaCtx& ctx, const Jobs<Job>& p
                  });
 }
 
+// CTAs of kGpuThreads an SM each kernel's registers must leave room for
+// (__launch_bounds__' second figure: ptxas then uses at most 64K / (this x
+// 128) registers a thread, in steps of 8). With the thread count alone ptxas
+// chose its own register target, and spilled to meet it (sm_90 and sm_100).
+// Each is what the kernel needs on sm_90, so that every architecture gets
+// the same budget: rows 80 (6 CTAs: all that 32 KiB tile buffers leave of
+// 228 KiB of shared memory), save_heads 64 (no shared memory), cols 56.
+constexpr int kRowsMinCtas = 6;
+constexpr int kSaveHeadsMinCtas = 8;
+constexpr int kColsMinCtas = 9;
+
 // Two stages where the device spec asks (FLASHMLA_PERM_ROW_STAGES).
-__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_rows(Jobs<RowJob> p) {
+__global__ void __launch_bounds__(kGpuThreads, kRowsMinCtas) flashmla_perm_rows(Jobs<RowJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
   if (p.job[0].stage_bytes > 0) {
@@ -118,7 +129,7 @@ __global__ void __launch_bounds__(kGpuThreads) flashmla_perm_rows(Jobs<RowJob> p
   });
 }
 
-__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_save_heads(Jobs<RowJob> p) {
+__global__ void __launch_bounds__(kGpuThreads, kSaveHeadsMinCtas) flashmla_perm_save_heads(Jobs<RowJob> p) {
   CudaCtx ctx;
   for_each_tile(p, HeadTiles{}, [&](const RowJob& job, int64_t tile) {
     with_vector_width(job.vec, [&](auto v) { save_segment_head<decltype(v)::value>(ctx, job, tile); });
@@ -140,7 +151,7 @@ __device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_
 // tiles that gather in their stage loop; staged ones where the device spec
 // asks, FLASHMLA_PERM_COL_STAGES) run two_stage_loop.
 template <bool kStaged>
-__global__ void __launch_bounds__(kGpuThreads) flashmla_perm_cols(Jobs<ColJob> p) {
+__global__ void __launch_bounds__(kGpuThreads, kColsMinCtas) flashmla_perm_cols(Jobs<ColJob> p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
   if (p.job[0].stage_bytes > 0) {

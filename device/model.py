@@ -58,7 +58,7 @@ PER_ITEM = {("rows", False, 16): (15.5, 113.5), ("rows", False, 8): (15.5, 123.0
 SASS_TOTALS = {"rows": 10192, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}  # that build's
 KERNEL_OF_SYMBOL = (("flashmla_perm_colsILb1", "cols_staged"), ("flashmla_perm_colsILb0", "cols_direct"),
                     ("flashmla_perm_save_heads", "save_heads"), ("flashmla_perm_rows", "rows"))
-DEFAULT_REGS = {"rows": 92, "save_heads": 72, "cols": 80}  # sm_90, nvcc 13 (ptxas -v)
+DEFAULT_REGS = {"rows": 71, "save_heads": 56, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
 # The executor's launch-plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
 PLAN_FIELDS = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm", "FLASHMLA_PERM_COL_STAGES": "col_stages",
                "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads a CUDA build log (nvcc -Xptxas=-v output) and fails on any register
-spill or local-memory stack frame in our kernels; prints registers and shared
-memory per kernel and architecture.
+spill or local-memory stack frame in our kernels, and on a kernel whose sm_100
+build takes over 1.1x the registers of its sm_90 build (where the log holds
+both); prints registers and shared memory per kernel and architecture.
 
     python scripts/ptxas_gate.py BUILD_LOG [--json OUT]
 """
@@ -16,6 +17,7 @@ import sys
 ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+SM100_OVER_SM90 = 1.1  # most registers sm_100 may take, over sm_90's
 
 
 def demangle(names):
@@ -58,11 +60,20 @@ def main():
               f"{k.get('stack', -1):5} {spill:5}  {short}")
         if k.get("stack", 1) or spill:
             bad.append(short)
+    # sm_100 (B200, GB200; B300 runs its code) from nvcc's newer NVVM took 2x
+    # sm_90's registers, so half the CTAs an SM: hold the two together.
+    regs = {(k["kernel"], k["arch"]): k.get("registers", -1) for k in kernels}
+    for (name, arch), r100 in sorted(regs.items()):
+        r90 = regs.get((name, "sm_90"))
+        if arch == "sm_100" and r90 is not None and r100 > SM100_OVER_SM90 * r90:
+            short = re.sub(r"\(anonymous namespace\)::|flashmla_perm::", "", names[name])
+            print(f"sm_100 takes {r100} registers, over {SM100_OVER_SM90}x sm_90's {r90}: {short}")
+            bad.append(f"{short} (sm_100 registers)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(kernels, f, indent=2)
     if bad:
-        print(f"ptxas gate FAILED: spills or stack frames in {len(bad)} kernel(s): {bad}")
+        print(f"ptxas gate FAILED: spills, stack frames or sm_100 registers in {len(bad)} kernel(s): {bad}")
         return 1
     print(f"ptxas gate passed: {len(kernels)} kernel builds, no spills, no stack frames "
           "(shared memory is dynamic: tile sizes in csrc/launch.h)")

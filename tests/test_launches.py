@@ -41,7 +41,7 @@ def test_device_fields_name_the_spec_gpu_launches_plans_with():
     launches: the CUDA executor reports its spec in these names
     (cuda_device_fields), for the runtime tests to plan as it does."""
     h200 = _ops._C.gpu_device_fields()
-    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 92, 80)
+    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 71, 56)
     assert (h200["row_stages"], h200["col_stages"]) == (2, 1)  # the default plan (csrc/launch.h)
     odd = {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024, "row_stages": 1, "col_stages": 2,
            "tile_budget": 8192}
@@ -108,7 +108,9 @@ def test_the_sweep_plans_reach_the_launches():
         (two,) = _ops._C.gpu_launches("wq_b", dims, {"row_stages": 2})
         assert one["stages"] == 1 and two["stages"] == 2, (one, two)
         assert _ops._C.gpu_launches("wq_b", dims, {}) == [two]  # the default
-        assert two["smem_bytes"] <= 32768 and two["ctas_per_sm"] == one["ctas_per_sm"], (one, two)
+        # CTAs per SM may differ either way: registers (7 CTAs) no longer
+        # bind below what each launch's shared memory allows.
+        assert two["smem_bytes"] <= 32768, (one, two)
         assert two["jobs"][0]["max_tile_bytes"] <= 16384 and one["smem_bytes"] <= 32768, (one, two)
         if dims == wq_b:
             assert 16384 < one["jobs"][0]["max_tile_bytes"], (one, two)
