@@ -1,12 +1,17 @@
 """Build flashmla_perm._C with torch.utils.cpp_extension (ninja).
 
 Switches (environment):
-  FLASHMLA_PERM_CUDA=0/1   force the CUDA kernels off / on. Default (auto): on when
-                           the installed torch has CUDA and a toolkit of the same
-                           major CUDA version is found; otherwise the CPU-only
-                           module, with one line saying why. =1 stops the build
-                           where CUDA cannot work (no CUDA torch, no toolkit, a
-                           toolkit of another major version).
+  FLASHMLA_PERM_CUDA=0/1/nvrtc  the CUDA kernels off / nvcc's / NVRTC's. Default
+                           (auto): with a CUDA torch, built by nvcc where a toolkit of
+                           torch's major CUDA version is found; else compiled at run
+                           time by NVRTC (the module built by the host compiler alone,
+                           with the CUDA runtime headers of torch's nvidia packages);
+                           a CPU torch gets the CPU-only module. The build says which
+                           in one line. =1 stops the build where nvcc cannot build
+                           the kernels (no CUDA torch, no toolkit, a toolkit of
+                           another major version); =nvrtc builds NVRTC's path even
+                           with a toolkit (and, at run time, makes a module built by
+                           nvcc launch NVRTC's kernels: tests).
   TORCH_CUDA_ARCH_LIST     architectures; default csrc/build_config.txt's when no GPU is visible
   CUDA_HOME                toolkit root; default: asked of the nvcc on PATH
   FLASHMLA_PERM_SANITIZE   e.g. address,undefined: instrument the host code
@@ -73,18 +78,27 @@ def nvcc_release(cuda_home):
 
 
 def cuda_decision(torch, cuda_home):
-    """(with_cuda, reason): reason says why CUDA is off ("" when it is on), in
-    words that also go into build_info()["cuda_off_reason"]. Raises where
-    FLASHMLA_PERM_CUDA=1 asks for CUDA that cannot work. CMakeLists.txt makes
-    the same decision with the same words."""
+    """(compiler, reason): compiler "nvcc", "nvrtc" or None (the CPU-only
+    module); reason says why CUDA is off, or (NVRTC) why not nvcc, in words
+    that also go into build_info()["cuda_off_reason"]. Raises where
+    FLASHMLA_PERM_CUDA=1 asks for nvcc's build and it cannot work.
+    CMakeLists.txt makes the same decision with the same words, except that
+    where setup.py goes to NVRTC it builds the CPU-only module."""
     forced = os.environ.get("FLASHMLA_PERM_CUDA", "")
     if forced == "0":
-        return False, "switched off (FLASHMLA_PERM_CUDA=0)"
+        return None, "switched off (FLASHMLA_PERM_CUDA=0)"
+    if forced not in ("", "1", "nvrtc"):
+        raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA must be 0, 1 or nvrtc, got {forced!r}")
     torch_cuda = torch.version.cuda
-    toolkit = nvcc_release(cuda_home) if cuda_home else None
     if torch_cuda is None:
         reason = f"torch {torch.__version__} has no CUDA (a CPU-only build of torch)"
-    elif cuda_home is None:
+        if forced:
+            raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA={forced}, but the CUDA kernels cannot be built: {reason}")
+        return None, reason
+    if forced == "nvrtc":
+        return "nvrtc", "FLASHMLA_PERM_CUDA=nvrtc"
+    toolkit = nvcc_release(cuda_home) if cuda_home else None
+    if cuda_home is None:
         reason = (f"no CUDA toolkit found (torch {torch.__version__} is built for CUDA {torch_cuda}):"
                   f" set CUDA_HOME to a CUDA {torch_cuda.split('.')[0]}.x toolkit for the CUDA kernels")
     elif toolkit is None:
@@ -92,11 +106,50 @@ def cuda_decision(torch, cuda_home):
     elif toolkit.split(".")[0] != torch_cuda.split(".")[0]:
         reason = mismatch_reason(torch.__version__, torch_cuda, toolkit, cuda_home)
     else:
-        return True, ""
+        return "nvcc", ""
     if forced == "1":
         # A plain exit: the one line, not a traceback.
         raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA=1, but the CUDA kernels cannot be built: {reason}")
-    return False, reason
+    return "nvrtc", reason
+
+
+def cuda_runtime_dirs(torch, cuda_home):
+    """(includes, lib) for the NVRTC build's host code: torch's CUDA headers
+    need cuda_runtime.h and its crt/ headers, and the module links torch's
+    libcudart. The runtime headers and library of torch's major version come
+    from torch's nvidia pip packages (nvidia-cuda-runtime, which torch brings)
+    or a toolkit of that version. The crt/ headers (host-compiler macros)
+    beside them, else from nvidia-cuda-crt (CUDA 13) or nvidia-cuda-nvcc-cu12
+    (CUDA 12), else from any toolkit found (a toolkit of another major
+    version is no use to nvcc here, but its crt/ headers are). None where the
+    runtime or crt/ is missing."""
+    major = torch.version.cuda.split(".")[0]
+    packages = [Path(p, "nvidia") for p in sys.path if p and Path(p, "nvidia").is_dir()]
+    roots = [pkg / sub for pkg in packages for sub in (f"cu{major}", "cuda_runtime")]
+    if cuda_home and (nvcc_release(cuda_home) or "").split(".")[0] == major:
+        roots.append(Path(cuda_home))
+    runtime = next(((root / "include", root / lib) for root in roots for lib in ("lib", "lib64")
+                    if (root / "include" / "cuda_runtime_api.h").exists()
+                    and (root / lib / f"libcudart.so.{major}").exists()), None)
+    if runtime is None:
+        return None
+    crt_roots = [runtime[0], *(pkg / sub / "include" for pkg in packages for sub in (f"cu{major}", "cuda_nvcc"))]
+    crt_roots += [Path(d, "include") for d in [cuda_home, "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))] if d]
+    crt = next((r for r in crt_roots if (r / "crt" / "host_defines.h").exists()), None)
+    if crt is None:
+        return None
+    includes = [str(runtime[0])]
+    if crt != runtime[0]:
+        # crt/ alone (a folder holding a link to it): the rest of that
+        # include folder may be another CUDA version's.
+        alone = ROOT / "build" / "generated" / "crt_only"
+        alone.mkdir(parents=True, exist_ok=True)
+        link = alone / "crt"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(crt / "crt")
+        includes.append(str(alone))
+    return includes, str(runtime[1])
 
 
 def mismatch_reason(torch_version, torch_cuda, toolkit, cuda_home):
@@ -124,7 +177,17 @@ def build_extension():
     import torch
     from torch.utils import cpp_extension
 
-    with_cuda, off_reason = cuda_decision(torch, cuda_home)
+    compiler, reason = cuda_decision(torch, cuda_home)
+    runtime = None
+    if compiler == "nvrtc":
+        runtime = cuda_runtime_dirs(torch, cuda_home)
+        if runtime is None:
+            compiler, reason = None, (
+                f"{reason}; and no CUDA {torch.version.cuda.split('.')[0]} runtime headers for NVRTC's build"
+                f" (cuda_runtime_api.h beside torch's libcudart, and crt/host_defines.h: pip install"
+                f" {'nvidia-cuda-nvcc-cu12' if torch.version.cuda.startswith('12') else 'nvidia-cuda-crt'})")
+    with_cuda = compiler is not None
+    off_reason = "" if with_cuda else reason
     torch_version = torch.__version__.split("+")[0]
     macros = [("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"'),
               ("FLASHMLA_PERM_TORCH_BUILD", f'"{c_string(torch.__version__)}"'),
@@ -137,7 +200,20 @@ def build_extension():
         flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
         cxx += flags
         link += flags
+    gen = ROOT / "build" / "generated"
     if with_cuda:
+        # The kernels' source, embedded for NVRTC (both CUDA builds have it).
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "embed_kernel_sources.py"),
+                        str(gen / "nvrtc_sources.h")], check=True)
+    include_dirs, library_dirs = [str(gen)], []
+    if compiler == "nvrtc":
+        major = torch.version.cuda.split(".")[0]
+        include_dirs += runtime[0]
+        library_dirs.append(runtime[1])
+        link += [f"-l:libcudart.so.{major}", "-lc10_cuda", f"-Wl,-rpath,{runtime[1]}"]
+        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_CUDA_ARCHS", '""')]  # each device's own, at first use
+        ext = cpp_extension.CppExtension
+    elif with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # torch's own detection needs a visible GPU.
             os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
@@ -145,21 +221,27 @@ def build_extension():
             f"{major}.{minor}" for major, minor in
             {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
         )
-        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_CUDA_ARCHS", f'"{archs}"')]
+        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_NVCC_KERNELS", None),
+                   ("FLASHMLA_PERM_CUDA_ARCHS", f'"{archs}"')]
         ext = cpp_extension.CUDAExtension
     else:
         ext = cpp_extension.CppExtension
     if set(sys.argv[1:]) & {"egg_info", "dist_info"}:
         pass  # pip asks for the metadata first: say it once, when building
+    elif compiler == "nvrtc":
+        print(f"flashmla_perm: CUDA kernels on, compiled at first use by NVRTC (torch {torch.__version__},"
+              f" CUDA headers {' '.join(runtime[0])}): no nvcc build: {reason}")
     elif with_cuda:
-        print(f"flashmla_perm: CUDA kernels on (torch {torch.__version__}, CUDA_HOME={cuda_home})")
+        print(f"flashmla_perm: CUDA kernels on, built by nvcc (torch {torch.__version__}, CUDA_HOME={cuda_home})")
     else:
         print(f"flashmla_perm: CUDA kernels off, building the CPU-only module: {off_reason}")
     extension = ext(
         "flashmla_perm._C",
-        read_sources(with_cuda),
+        read_sources(compiler == "nvcc"),
         define_macros=macros,
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc} if with_cuda else {"cxx": cxx},
+        include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc} if compiler == "nvcc" else {"cxx": cxx},
         extra_link_args=link,
     )
     return [extension], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}

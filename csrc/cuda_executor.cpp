@@ -1,7 +1,8 @@
 // CUDA executor, the host side: queries the device once, allocates scratch
 // from the caching allocator and launches cuda_kernels.cu's kernels on the
-// current stream. Built only with the CUDA kernels (FLASHMLA_PERM_WITH_CUDA),
-// by the host compiler.
+// current stream, as nvcc built them (FLASHMLA_PERM_NVCC_KERNELS) or as NVRTC
+// builds them at first use on a device (nvrtc_kernels.h). Built only with the
+// CUDA kernels (FLASHMLA_PERM_WITH_CUDA), by the host compiler.
 #ifdef FLASHMLA_PERM_WITH_CUDA
 
 #include <ATen/ops/empty.h>
@@ -18,11 +19,34 @@
 #include <utility>
 #include <vector>
 
+#ifdef FLASHMLA_PERM_NVCC_KERNELS
 #include "cuda_kernels.h"
+#endif
 #include "executors.h"
 #include "launch_info.h"
+#include "nvrtc_kernels.h"
 
 namespace flashmla_perm {
+
+namespace {
+
+// Whether the kernels launched are NVRTC's (nvrtc_kernels.h).
+bool by_nvrtc() { return std::string(nvrtc::cuda_compiler()) == "nvrtc"; }
+
+// NVRTC's kernels for the device, compiled (or read from the cache) and
+// loaded on its first use. Not under graph capture: loading a module is no
+// work a capture can record, so that first use must come before it, as a
+// plan's upload must (apply.cpp).
+void load_nvrtc_kernels(c10::Device device, const cudaDeviceProp& prop) {
+  if (nvrtc::loaded(device.index())) return;
+  TORCH_CHECK(!cuda_capturing(device), "flashmla_perm: the CUDA kernels are not compiled for ", device,
+              " yet, and the stream is capturing a CUDA graph; call the op once before capture (warm-up) so "
+              "that NVRTC compiles and loads them outside it");
+  C10_CUDA_CHECK(cudaFree(nullptr));  // the device's primary context, current on this thread
+  nvrtc::load(device.index(), prop.major, prop.minor);
+}
+
+}  // namespace
 
 // The device check's sweep (device/check.py) plans launches other than
 // the default through these, read with the device's figures, once a
@@ -65,7 +89,14 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
   s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
   s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
-  C10_CUDA_CHECK(query_kernel_registers(s));
+  if (by_nvrtc()) {
+    load_nvrtc_kernels(device, prop);
+    nvrtc::query_kernel_registers(index, s);
+  } else {
+#ifdef FLASHMLA_PERM_NVCC_KERNELS
+    C10_CUDA_CHECK(query_kernel_registers(s));
+#endif
+  }
   specs.emplace_back(index, s);
   return s;
 }
@@ -83,8 +114,11 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   cuda_device_spec(device);  // sets the kernels' carveout preference, once a device
   const c10::cuda::CUDAGuard guard(device);
+  if (by_nvrtc()) return nvrtc::resident_ctas_per_sm(index, *k, threads, smem_bytes);
   int ctas = 0;
+#ifdef FLASHMLA_PERM_NVCC_KERNELS
   C10_CUDA_CHECK(resident_ctas_per_sm(*k, threads, smem_bytes, &ctas));
+#endif
   return ctas;
 }
 
@@ -110,10 +144,17 @@ void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
       set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
     }
   }
+  const bool nvrtc_kernels = by_nvrtc();
   for (const std::vector<Launch>& launches : groups)
     for (const Launch& l : launches)
       if (l.tiles > 0) {
-        launch_kernel(l, stream.stream());
+        if (nvrtc_kernels) {
+          nvrtc::launch_kernel(device.index(), l, stream.stream());
+        } else {
+#ifdef FLASHMLA_PERM_NVCC_KERNELS
+          launch_kernel(l, stream.stream());
+#endif
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
   for (const at::Tensor& a : arrays)

@@ -3,10 +3,19 @@
 // model op's weight and scale go in one launch. launch.h sizes everything;
 // this file holds the device code and its launch, and includes no torch
 // header (cuda_kernels.h says why).
+//
+// One source, two compilers: nvcc builds it ahead of time, and NVRTC at run
+// time (csrc/nvrtc_kernels.cpp, which embeds this file and the headers it
+// names) for the device's own architecture. NVRTC sees the kernels alone
+// (__CUDACC_RTC__): no CUDA runtime header, no host code.
+#ifdef __CUDACC_RTC__
+#include "device_launch.h"
+#else
 #include "cuda_kernels.h"
 
 #include <algorithm>
 #include <type_traits>
+#endif
 
 namespace flashmla_perm {
 namespace {
@@ -51,12 +60,6 @@ struct CudaCtx {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
   }
-};
-
-template <class Job>
-struct Jobs {
-  Job job[kMaxJobs];
-  int num;
 };
 
 // Tile t of the launch: job 0's tiles first, then job 1's. Each job is read
@@ -175,6 +178,9 @@ __global__ void __launch_bounds__(kGpuThreads, kColsMinCtas) flashmla_perm_cols(
 
 }  // namespace
 
+#ifndef __CUDACC_RTC__
+// The names NVRTC's build looks the kernels up by (nvrtc_kernels.cpp) are
+// these four, in this order: rows, save_heads, cols<true>, cols<false>.
 void launch_kernel(const Launch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid)), block(static_cast<unsigned>(l.threads));
   if (l.kernel == Kernel::kCols) {
@@ -236,5 +242,7 @@ cudaError_t resident_ctas_per_sm(Kernel kernel, int threads, int64_t smem_bytes,
   }
   return cudaSuccess;
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace flashmla_perm

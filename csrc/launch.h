@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "device_launch.h"
 #include "plan.h"
 #include "tile_bodies.h"
 
@@ -21,19 +22,6 @@ inline int vector_width(std::initializer_list<int64_t> values) {
   int64_t bits = 16;
   for (int64_t v : values) bits |= v;
   return static_cast<int>(bits & -bits);
-}
-
-// Calls f(std::integral_constant<int, V>{}) for the runtime width v (host
-// code, and the kernels: a tile's width is a field of its job).
-template <class F>
-FLASHMLA_PERM_HOST_DEVICE void with_vector_width(int v, F&& f) {
-  switch (v) {
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 1>{}); break;
-  }
 }
 
 enum class Kernel : int { kRows = 0, kSaveHeads = 1, kCols = 2 };
@@ -58,8 +46,8 @@ struct DeviceSpec {
   int64_t tile_budget = 0;  // bytes a row or staged column tile buffers; 0 (or over it): kGpuTileBudget
 };
 
-// GPU figures, kept here so that the harness and the model see what the GPU gets.
-constexpr int kGpuThreads = 128;
+// GPU figures, kept here so that the harness and the model see what the GPU gets
+// (kGpuThreads and kMaxJobs: device_launch.h).
 // Tile buffer per CTA: under the 48 KiB that needs no opt-in, and small
 // enough that several CTAs share an SM (each stages its whole tile at once).
 constexpr int64_t kGpuTileBudget = 32 * 1024;
@@ -74,8 +62,6 @@ constexpr int64_t kGpuSliceAlign = 128;
 // Direct (out-of-place) column tiles: destination bytes per tile.
 constexpr int64_t kGpuDirectSlice = 16 * 1024;
 static_assert(2 * kGpuDirectSlice <= kGpuTileBudget, "two direct tile buffers (set_two_stages) within the budget");
-// Jobs (tensors) one launch carries: a model op's weight and scale.
-constexpr int kMaxJobs = 2;
 
 // A tensor seen as the units a row plan permutes (see RowJob).
 struct UnitView {

@@ -15,6 +15,7 @@
 // Plain C++ headers only: ATen's would double this file's build time.
 #include "counters.h"
 #include "launch_info.h"
+#include "nvrtc_kernels.h"
 #include "overlap.h"
 
 #ifndef FLASHMLA_PERM_CUDA_ARCHS
@@ -48,6 +49,13 @@ py::dict build_info() {
   py::dict d;
   d["cuda"] = kWithCuda;
   d["cuda_archs"] = FLASHMLA_PERM_CUDA_ARCHS;
+  // "nvcc" (built ahead of time), "nvrtc" (compiled at first use on a
+  // device), "" without the CUDA kernels.
+#ifdef FLASHMLA_PERM_WITH_CUDA
+  d["cuda_compiler"] = fp::nvrtc::cuda_compiler();
+#else
+  d["cuda_compiler"] = "";
+#endif
   d["torch"] = FLASHMLA_PERM_TORCH_VERSION;
   d["cuda_off_reason"] = kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON;
   d["stamp"] = stamp;
@@ -129,6 +137,45 @@ std::string byte_overlap(const PyLayout& a, const std::optional<PyLayout>& b) {
   return names[static_cast<int>(o)];
 }
 
+#ifdef FLASHMLA_PERM_WITH_CUDA
+// NVRTC's build of the kernels, for python -m flashmla_perm.nvrtc and the
+// tests (no GPU needed): the GIL is released while NVRTC compiles.
+py::dict nvrtc_compile(const std::string& arch, const std::string& extra) {
+  fp::nvrtc::Compiled c;
+  {
+    py::gil_scoped_release release;
+    c = fp::nvrtc::compile(arch, extra);
+  }
+  py::dict d;
+  d["log"] = c.log;
+  d["seconds"] = c.seconds;
+  d["cubin_bytes"] = c.cubin.size();
+  d["names"] = std::vector<std::string>(std::begin(c.names), std::end(c.names));
+  return d;
+}
+
+py::dict nvrtc_cached(const std::string& arch, const std::string& extra, const std::string& source) {
+  fp::nvrtc::CacheEntry e;
+  {
+    py::gil_scoped_release release;
+    e = fp::nvrtc::cached(arch, extra, source);
+  }
+  py::dict d;
+  d["path"] = e.path;
+  d["compiled"] = e.compiled;
+  d["cubin_bytes"] = e.code.cubin.size();
+  return d;
+}
+
+py::dict nvrtc_info() {
+  py::dict d;
+  d["cache_dir"] = fp::nvrtc::cache_dir();
+  d["source_hash"] = fp::nvrtc::source_hash();
+  d["version"] = fp::nvrtc::version();  // raises where NVRTC is missing
+  return d;
+}
+#endif
+
 }  // namespace
 
 // PyInit__C, as setup.py and CMakeLists.txt name the module.
@@ -158,6 +205,15 @@ PYBIND11_MODULE(_C, m) {
         py::arg("smem_bytes"), py::arg("device") = 0,
         "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs a SM by the CUDA runtime's "
         "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
+#ifdef FLASHMLA_PERM_WITH_CUDA
+  m.def("nvrtc_compile", &nvrtc_compile, py::arg("arch"), py::arg("extra") = "",
+        "nvrtc_compile(arch, extra=''): NVRTC's build of the kernels for arch ('sm_90'): log (ptxas's "
+        "report among it), seconds, cubin_bytes, names. extra is appended to the source (tests).");
+  m.def("nvrtc_cached", &nvrtc_cached, py::arg("arch"), py::arg("extra") = "", py::arg("source") = "",
+        "nvrtc_cached(arch, extra='', source=''): the kernels for arch through the disk cache: path, "
+        "compiled (False: read from the cache), cubin_bytes. source replaces the kernels' file (tests).");
+  m.def("nvrtc_info", &nvrtc_info, "nvrtc_info(): NVRTC's version, the cache folder, the sources' hash.");
+#endif
   // csrc/overlap.h on byte layouts, b None for a's self-overlap: "no", "yes"
   // or "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.
   m.def("byte_overlap", &byte_overlap, py::arg("a"), py::arg("b") = py::none(),

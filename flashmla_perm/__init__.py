@@ -85,16 +85,19 @@ def unpermute_wo_a_(
 
 def build_info() -> dict:
     """What runs here: ``native`` (the native module loaded), ``cuda`` (CUDA
-    kernels compiled in), ``cuda_archs``, ``torch`` (the version built
-    against), ``version``; ``native_error`` says why the native module is not
-    used, if it is not, and ``cuda_off_reason`` why the CUDA kernels are off
-    (None when they are on)."""
-    info = {"native": _ops._C is not None, "cuda": False, "cuda_archs": [], "torch": None,
+    kernels in the module), ``cuda_compiler`` (``"nvcc"``: built ahead of
+    time for ``cuda_archs``; ``"nvrtc"``: compiled by NVRTC at first use on a
+    device, for its own architecture; None without CUDA kernels), ``torch``
+    (the version built against), ``version``; ``native_error`` says why the
+    native module is not used, if it is not, and ``cuda_off_reason`` why the
+    CUDA kernels are off (None when they are on)."""
+    info = {"native": _ops._C is not None, "cuda": False, "cuda_compiler": None, "cuda_archs": [], "torch": None,
             "version": __version__, "native_error": _ops.native_error,
             "cuda_off_reason": "the native module is not loaded (see native_error)"}
     if _ops._C is not None:
         built = _ops._C.build_info()
         info["cuda"] = bool(built["cuda"])
+        info["cuda_compiler"] = built.get("cuda_compiler") or None
         info["cuda_archs"] = [a for a in re.split(r"[;, ]+", built["cuda_archs"]) if a]
         info["torch"] = built["torch"]
         info["cuda_off_reason"] = None if info["cuda"] else (

@@ -94,7 +94,9 @@ def _differs(original, ours):
 
 def _devices_text(info):
     if info["cuda"]:
-        return "native on cpu and cuda"
+        if info.get("cuda_compiler") == "nvrtc":
+            return "native on cpu and cuda (kernels compiled at first use by NVRTC)"
+        return "native on cpu and cuda (kernels built by nvcc)"
     import torch
 
     if torch.version.cuda is None:

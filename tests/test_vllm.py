@@ -379,6 +379,21 @@ def test_register_says_where_it_runs_natively(vllm_names, plugin_log, monkeypatc
     assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
 
 
+@pytest.mark.parametrize("compiler,expected", [
+    ("nvcc", "(in place, native on cpu and cuda (kernels built by nvcc))"),
+    ("nvrtc", "(in place, native on cpu and cuda (kernels compiled at first use by NVRTC))"),
+])
+def test_register_says_which_compiler_built_the_kernels(vllm_names, plugin_log, monkeypatch, compiler, expected):
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    info = dict(flashmla_perm.build_info(), cuda=True, cuda_compiler=compiler, cuda_off_reason=None)
+    monkeypatch.setattr(flashmla_perm, "build_info", lambda: info)
+    vllm_plugin.register()
+    assert routed(vllm_names)
+    assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
+
+
 def test_register_off_switch(vllm_names, plugin_log, monkeypatch):
     monkeypatch.setenv("FLASHMLA_PERM_VLLM", "0")
     from flashmla_perm import vllm_plugin
