@@ -1,7 +1,8 @@
 """The CUDA kernels through NVRTC, without a GPU: compiles every kernel for an
 architecture and reports, per kernel, what ptxas says of it (registers, spill
 stores and loads, stack frame, static shared memory). ``--gate`` fails on any
-spill or stack frame, as scripts/ptxas_gate.py does for nvcc's build.
+spill or stack frame, or sm_100 over 1.1x sm_90's registers, as
+scripts/ptxas_gate.py does for nvcc's build.
 
     python -m flashmla_perm.nvrtc --arch sm_90 [--arch sm_100 ...] [--json FILE] [--gate]
 
@@ -18,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+SM100_OVER_SM90 = 1.1  # most registers sm_100 may take, over sm_90's (scripts/ptxas_gate.py too)
 # The lowered names as cuda_kernels.cu's kernels are called (the anonymous
 # namespace's part of the mangled name differs between compilers).
 SHORT = [("flashmla_perm_rowsE", "rows"), ("flashmla_perm_save_headsE", "save_heads"),
@@ -57,7 +59,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", action="append", required=True, help="sm_80, sm_90, sm_100, ... (repeatable)")
     ap.add_argument("--json", help="write the records here, a JSON list")
-    ap.add_argument("--gate", action="store_true", help="fail on any spill or stack frame")
+    ap.add_argument("--gate", action="store_true", help="fail on any spill or stack frame, or sm_100 over 1.1x sm_90's registers")
     args = ap.parse_args(argv)
     # NVRTC runs without the GIL: the architectures compile side by side.
     with ThreadPoolExecutor(max_workers=len(args.arch)) as pool:
@@ -70,6 +72,12 @@ def main(argv=None):
               f"{spill:5} {r['seconds']:5}  {r['kernel']}")
         if r.get("stack", 1) or spill or "registers" not in r:
             bad.append(f"{r['arch']} {r['kernel']}")
+    # sm_100 (B200, GB200; B300 runs its code) within 1.1x sm_90's registers,
+    # as scripts/ptxas_gate.py holds nvcc's build: fewer CTAs per SM otherwise.
+    sm90 = {r["kernel"]: r.get("registers", 0) for r in records if r["arch"] == "sm_90"}
+    for r in records:
+        if r["arch"] == "sm_100" and r["kernel"] in sm90 and r.get("registers", 0) > SM100_OVER_SM90 * sm90[r["kernel"]]:
+            bad.append(f"sm_100 {r['kernel']} ({r['registers']} registers, sm_90 {sm90[r['kernel']]})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=2)
@@ -78,10 +86,11 @@ def main(argv=None):
         print(f"NVRTC gate: {len(records)} kernel reports, expected {expected}")
         return 1
     if args.gate and bad:
-        print(f"NVRTC gate FAILED: spills or stack frames in {bad}")
+        print(f"NVRTC gate FAILED: spills, stack frames or sm_100 registers in {bad}")
         return 1
     if args.gate:
-        print(f"NVRTC gate passed: {len(records)} kernel builds, no spills, no stack frames")
+        print(f"NVRTC gate passed: {len(records)} kernel builds, no spills, no stack frames, sm_100 within "
+              f"{SM100_OVER_SM90}x sm_90's registers")
     return 0
 
 

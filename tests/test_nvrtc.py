@@ -99,6 +99,10 @@ def test_every_kernel_compiles_without_spills_or_stack(report, arch):
         assert set(r) >= {"kernel", "arch", "registers", "spill_stores", "spill_loads", "stack", "static_smem"}, r
         assert 0 < r["registers"] <= 255, r
         assert r["spill_stores"] == r["spill_loads"] == r["stack"] == 0, r
+    if arch in ("sm_100", "sm_103"):  # as lean as sm_90: as many CTAs per SM
+        sm90 = {r["kernel"]: r["registers"] for r in report[0] if r["arch"] == "sm_90"}
+        for r in records:
+            assert r["registers"] <= 1.1 * sm90[r["kernel"]], (r, sm90)
     assert "NVRTC gate passed: 20 kernel builds" in report[1], report[1]
 
 
