@@ -186,6 +186,8 @@ def build_extension():
                 f"{reason}; and no CUDA {torch.version.cuda.split('.')[0]} runtime headers for NVRTC's build"
                 f" (cuda_runtime_api.h beside torch's libcudart, and crt/host_defines.h: pip install"
                 f" {'nvidia-cuda-nvcc-cu12' if torch.version.cuda.startswith('12') else 'nvidia-cuda-crt'})")
+            if os.environ.get("FLASHMLA_PERM_CUDA") == "nvrtc":  # asked for: stop, as =1 does
+                raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA=nvrtc, but the CUDA kernels cannot be built: {reason}")
     with_cuda = compiler is not None
     off_reason = "" if with_cuda else reason
     torch_version = torch.__version__.split("+")[0]

@@ -9,7 +9,7 @@
 #   plus setup.py's switches: FLASHMLA_PERM_CUDA, TORCH_CUDA_ARCH_LIST, CUDA_HOME
 # Any release in pyproject.toml's range works (README: "Tested torch releases");
 # with a CUDA build of torch whose CUDA major version differs from the toolkit's,
-# the CPU-only module is built and the build says why.
+# the kernels are compiled at first use by NVRTC instead, and the build says why.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLASHMLA_PERM_VENV:-$ROOT/.venv}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint and format checks: ruff for Python, clang-format for C++ and CUDA, at
-# pinned versions in a venv of their own (.venv-lint). --fix applies them.
+# pinned versions in a venv of their own (.venv-lint), and that every mutant
+# of scripts/mutants.py still finds its text. --fix applies the formatters.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLASHMLA_PERM_LINT_VENV:-$ROOT/.venv-lint}
@@ -16,5 +17,6 @@ else
   "$VENV/bin/ruff" check .
   "$VENV/bin/ruff" format --check .
   "$VENV/bin/clang-format" --dry-run --Werror "${CXX[@]}"
+  python3 scripts/mutants.py --check  # each planted bug still finds its text
   echo "lint: clean (${#CXX[@]} C++/CUDA files)"
 fi

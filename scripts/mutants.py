@@ -5,6 +5,7 @@ each of which some test must catch (docs/testing.md has the table).
     python scripts/mutants.py slice-offset-serial plan-scratch-slot   # some
     python scripts/mutants.py --list          # names, files, tests
     python scripts/mutants.py --all           # every listed test of each mutant
+    python scripts/mutants.py --check         # each mutant's text still in its file, once
 
 The tree (tracked and untracked, not ignored, files) is copied into
 --workdir (default /tmp/flashmla_perm_mutants), which is kept between runs:
@@ -537,6 +538,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    ap.add_argument("--check", action="store_true",
+                    help="check that each mutant's text occurs exactly once in its file, run nothing (CI's lint)")
     ap.add_argument("--source", default=str(ROOT), help="tree to copy (default: this one)")
     ap.add_argument("--workdir", default="/tmp/flashmla_perm_mutants")
     ap.add_argument("--python", default=sys.executable, help="python with torch (default: this one)")
@@ -559,6 +562,10 @@ def main():
         return 0
 
     src, tree = Path(args.source).resolve(), Path(args.workdir).resolve() / "tree"
+    if args.check:  # a formatter or an edit can leave a mutant with nothing to replace
+        stale = [m.name for m in chosen if not (src / m.file).exists() or (src / m.file).read_text().count(m.old) != 1]
+        print(f"mutants: {len(chosen) - len(stale)} of {len(chosen)} apply" + (f"; stale: {stale}" if stale else ""))
+        return 1 if stale else 0
     cuda = subprocess.run([args.python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
                           capture_output=True).returncode == 0
     t0 = time.time()
