@@ -23,8 +23,8 @@ import crash_probe  # noqa: E402  (no torch at import)
 
 BUDGET_S = 480
 # Step timeouts (s) on a GPU machine, in run order; dry mode: 3x.
-TIMEOUTS = {"gpu": 10, "build": 90, "probe": 45, "bench": 60, "sweep": 75, "tests": 75, "runtime": 25,
-            "ptxas": 5, "ncu": 25, "memcheck": 25, "racecheck": 25, "model": 20}  # 480 in all
+TIMEOUTS = {"gpu": 10, "build": 85, "probe": 45, "bench": 55, "sweep": 50, "tests": 65, "runtime": 25,
+            "nvrtc": 60, "ptxas": 5, "ncu": 25, "memcheck": 20, "racecheck": 20, "model": 15}  # 480 in all
 BENCH_BASELINES = ("inplace", "outofplace", "copy_1buf")  # bench_load_time.py's BASELINES
 # The sweep's launch plans (label, the executor's environment, kinds), each
 # timed in a benchmark process of its own beside the copy.
@@ -149,9 +149,9 @@ class Check:
         if failed:
             raise StepFailed("plans failed: " + ", ".join(failed))
 
-    def pytest(self, name, *args):
+    def pytest(self, name, *args, env=None):
         # The crash handler in every test process: a crash leaves its record in the log.
-        env = crash_probe.handler_env(self.handler, self.env) if self.handler else {}
+        env = dict(crash_probe.handler_env(self.handler, self.env) if self.handler else {}, **(env or {}))
         env.update({} if self.dry else {"FLASHMLA_PERM_EXPECT_CUDA": "1"})
         rc = self.python("-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", "-v",
                          *(["-p", "crash_probe"] if self.handler else []), f"--junitxml={self.path(name + '.xml')}",
@@ -167,6 +167,19 @@ class Check:
 
     def step_runtime(self):
         self.pytest("runtime", "tests/test_cuda_runtime.py")
+
+    def step_nvrtc(self):
+        """The same kernels compiled by NVRTC (nvcc's build switches at run
+        time): first use with an empty cache, then from the cache, each the
+        first op of its process; NVRTC's tests and the TP1 bench under it."""
+        env = {"FLASHMLA_PERM_CUDA": "nvrtc", "FLASHMLA_PERM_CACHE_DIR": os.path.join(self.work, "nvrtc_cache")}
+        shutil.rmtree(env["FLASHMLA_PERM_CACHE_DIR"], ignore_errors=True)
+        if not self.dry:
+            for use in ("first_use", "cached"):
+                self.python("-c", NVRTC_USE, use, env=env)
+            self.bench("--tp", "1", "--kinds", "wq_b,wo_a", "--backends", "native", "--json",
+                       self.path("nvrtc_bench.json"), env=env)
+        self.pytest("nvrtc", "tests/test_nvrtc.py", "-k", "not every_kernel", **({} if self.dry else {"env": env}))
 
     def step_ptxas(self):  # dry: no CUDA build, nothing to gate
         self.dry or self.python("scripts/ptxas_gate.py", self.path("build.log"), "--json", self.path("ptxas.json"))
@@ -250,6 +263,11 @@ class Check:
         if name in ("tests", "runtime"):
             return {**junit(self.path(f"{name}.xml")), "crashed": sorted(set(re.findall(
                 r"worker '\w+' crashed while running '([^']+)'", log))), "handler": crash_probe.handler_record(log)}
+        if name == "nvrtc":
+            doc = load_json(self.path("nvrtc_bench.json")) or {}
+            return {"seconds": {m[0]: float(m[1]) for m in re.findall(r"^NVRTC_(\w+)_S ([\d.]+)$", log, re.M)},
+                    **junit(self.path("nvrtc.xml")), "rows": {f"{r['kind']} tp{r['tp']}": {
+                        k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")} for r in doc.get("rows", [])}}
         if name == "ptxas":
             ks = load_json(self.path("ptxas.json")) or []
             return {"kernels": len(ks), "max_registers": max((k.get("registers", 0) for k in ks), default=None),
@@ -320,6 +338,25 @@ class Check:
         print(json.dumps({s["name"]: s["status"] for s in self.steps}))
         return 0 if all(s["status"] == "ok" for s in self.steps) else 1
 
+
+# One NVRTC use as a process's first op (argv[1]: first_use or cached): the
+# seconds of the first call (compile or cache read, load, launch), its bytes
+# against the reference.
+NVRTC_USE = """
+import sys, time, torch, flashmla_perm as f
+assert f.build_info()["cuda_compiler"] == "nvrtc", f.build_info()
+g = torch.Generator().manual_seed(1)
+w = torch.randint(0, 256, (4096, 1280), dtype=torch.uint8, generator=g).cuda()
+s = torch.randint(0, 256, (4096, 10), dtype=torch.uint8, generator=g).cuda()
+want = (w.clone(), s.clone())
+f.reference.permute_wq_b_(*want, 8)
+torch.cuda.synchronize()
+start = time.perf_counter()
+f.permute_wq_b_(w, s, 8)
+torch.cuda.synchronize()
+print(f"NVRTC_{sys.argv[1].upper()}_S {time.perf_counter() - start:.3f}")
+assert torch.equal(w, want[0]) and torch.equal(s, want[1]), "NVRTC's kernels moved bytes wrongly"
+"""
 
 GPU_INFO = """
 import json, sys, torch
