@@ -50,11 +50,11 @@ void load_nvrtc_kernels(c10::Device device, const cudaDeviceProp& prop) {
 
 // The device check's sweep (device/check.py) plans launches other than
 // the default through these, read with the device's figures, once a
-// process: FLASHMLA_PERM_MAX_CTAS_PER_SM=n, at most n CTAs a SM (fewer bytes
+// process: FLASHMLA_PERM_MAX_CTAS_PER_SM=n, at most n CTAs per SM (fewer bytes
 // in flight, the same work: it tells the load latency a tile sees from the
-// issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers a CTA for staged
+// issue rate); FLASHMLA_PERM_COL_STAGES=2, two tile buffers per CTA for staged
 // column tiles (the in-place wo_a and wv weights and their scales);
-// FLASHMLA_PERM_ROW_STAGES=1, one tile buffer a CTA for row tiles (wq_b),
+// FLASHMLA_PERM_ROW_STAGES=1, one tile buffer per CTA for row tiles (wq_b),
 // which take two by default where every tile is one pass;
 // FLASHMLA_PERM_TILE_BUDGET=bytes, smaller row and staged column tiles.
 static int env_whole_number(const char* name, int lowest, int highest, int unset) {
@@ -112,7 +112,7 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
   TORCH_CHECK_VALUE(k != std::end(kernels), "cuda_resident_ctas_per_sm: kernel must be 'rows', 'save_heads' or "
                     "'cols', got '", kernel, "'");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
-  cuda_device_spec(device);  // sets the kernels' carveout preference, once a device
+  cuda_device_spec(device);  // sets the kernels' carveout preference, once per device
   const c10::cuda::CUDAGuard guard(device);
   if (by_nvrtc()) return nvrtc::resident_ctas_per_sm(index, *k, threads, smem_bytes);
   int ctas = 0;

@@ -103,9 +103,9 @@ __device__ __forceinline__ void two_stage_tiles(CudaCtx& ctx, const Jobs<Job>& p
                  });
 }
 
-// CTAs of kGpuThreads an SM each kernel's registers must leave room for
+// CTAs of kGpuThreads per SM each kernel's registers must leave room for
 // (__launch_bounds__' second figure: ptxas then uses at most 64K / (this x
-// 128) registers a thread, in steps of 8). With the thread count alone ptxas
+// 128) registers per thread, in steps of 8). With the thread count alone ptxas
 // chose its own register target, and spilled to meet it (sm_90 and sm_100).
 // Each is what the kernel needs on sm_90, so that every architecture gets
 // the same budget: rows 80 (6 CTAs: all that 32 KiB tile buffers leave of

@@ -90,7 +90,7 @@ int64_t staged_tile_rows(int64_t rows, int64_t buf_pitch, int64_t budget, const 
   return std::clamp<int64_t>(ceil_div(rows, 2 * int64_t{dev.sm_count}), 1, std::max<int64_t>(1, budget / buf_pitch));
 }
 
-// Two tile buffers a CTA: it stages its next tile while it stores this one
+// Two tile buffers per CTA: it stages its next tile while it stores this one
 // (two_stage_loop). The first device run found the kernels waiting on each
 // tile's round trip (docs/performance.md, "What falls short and why"). For direct jobs that all gather in
 // their stage loop (permute_q) always; for staged jobs (in place: the wo_a and

@@ -39,9 +39,9 @@ struct DeviceSpec {
   int regs_per_sm = 65536;
   int max_ctas_per_sm = 32;
   int regs[3] = {71, 56, 56};  // per thread, by Kernel (kCols: the larger of its two; sm_90)
-  int col_stages = 1;  // tile buffers a CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
+  int col_stages = 1;  // tile buffers per CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
   // The same for row tiles (set_row_two_stages, where a launch allows it):
-  // two by default since 2026-12-05, one with FLASHMLA_PERM_ROW_STAGES=1.
+  // two by default, one with FLASHMLA_PERM_ROW_STAGES=1.
   int row_stages = 2;
   int64_t tile_budget = 0;  // bytes a row or staged column tile buffers; 0 (or over it): kGpuTileBudget
 };
@@ -108,7 +108,7 @@ struct Launch {
   int64_t tiles = 0;
   int threads = kGpuThreads;
   int64_t smem_bytes = 0;
-  int stages = 1;  // tile buffers a CTA cycles through (2: two_stage_loop, the jobs' stage_bytes apart)
+  int stages = 1;  // tile buffers per CTA cycles through (2: two_stage_loop, the jobs' stage_bytes apart)
   int ctas_per_sm = 0;
   int64_t grid = 0;
   int64_t job_tiles(int j) const;

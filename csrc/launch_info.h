@@ -22,7 +22,7 @@ struct JobInfo {
   bool gathered_stage;  // column jobs: gathered in the stage loop, stored linearly (gathers_in_stage)
   // Row jobs: vectors a line of a full byte slice holds, and a whole line
   // (the last slice holds the rest); the row loops cost a warp's line setup
-  // once a line (tile_bodies.h Warp). Column jobs: 0.
+  // once per line (tile_bodies.h Warp). Column jobs: 0.
   int64_t slice_vectors;
   int64_t line_vectors;
 };
@@ -33,7 +33,7 @@ struct LaunchInfo {
   int64_t grid;
   int threads;
   int64_t smem_bytes;
-  int stages;  // tile buffers a CTA cycles through (Launch::stages)
+  int stages;  // tile buffers per CTA cycles through (Launch::stages)
   int ctas_per_sm;
   int64_t tiles;
   std::vector<JobInfo> jobs;
@@ -59,7 +59,7 @@ DeviceFields device_fields(const DeviceFields& device);
 
 // The CUDA executor's view of GPU `index` (CUDA builds; elsewhere they throw
 // std::runtime_error): the DeviceSpec it plans with, as fields, and the CTAs
-// a SM that the runtime's occupancy calculator lets a launch of `kernel`
+// per SM that the runtime's occupancy calculator lets a launch of `kernel`
 // ("rows", "save_heads" or "cols") hold. The device check's runtime tests
 // hold every planned ctas_per_sm against the second.
 DeviceFields cuda_device_fields(int index);

@@ -203,7 +203,7 @@ PYBIND11_MODULE(_C, m) {
         "gpu_launches' device fields (CUDA builds).");
   m.def("cuda_resident_ctas_per_sm", &fp::cuda_resident_ctas_per_sm, py::arg("kernel"), py::arg("threads"),
         py::arg("smem_bytes"), py::arg("device") = 0,
-        "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs a SM by the CUDA runtime's "
+        "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs per SM by the CUDA runtime's "
         "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
 #ifdef FLASHMLA_PERM_WITH_CUDA
   m.def("nvrtc_compile", &nvrtc_compile, py::arg("arch"), py::arg("extra") = "",

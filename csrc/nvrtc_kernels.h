@@ -54,7 +54,7 @@ std::string source_hash(const std::string& extra = "", const std::string& main =
 
 // Device side; the caller has made the device current. `loaded` is whether
 // `load` has run for the device; `load` compiles (or reads the cache) for the
-// device's architecture and loads the module, once a device.
+// device's architecture and loads the module, once per device.
 bool loaded(int device);
 void load(int device, int cc_major, int cc_minor);
 // As cuda_kernels.h's query_kernel_registers and resident_ctas_per_sm.

@@ -154,7 +154,7 @@ FLASHMLA_PERM_BODY void stage_items(Ctx& ctx, uint32_t total, Addr addr) {
 // what is left below Batch one at a time. Whole batches only: a batch with
 // an `if` on each item left each value defined on some paths only, which
 // ptxas keeps live from the kernel's entry, every inlined copy at once
-// (sm_100's build, from the newer NVVM, took 180-244 registers a thread;
+// (sm_100's build, from the newer NVVM, took 180-244 registers per thread;
 // sm_90's 72-92).
 template <int V, int Batch = kBatch, class Ctx, class Value>
 FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, Value value) {
@@ -384,7 +384,7 @@ struct RowTile {
 // tile already overwrote. A group is one cycle (any number of passes), or as
 // many whole cycles of a packed segment as one pass holds: there buffer j is
 // unit pos[j], and a cycle's last position reads its first, buffer
-// k + 1 - cycle. The loops go line by line, a warp a line (Warp).
+// k + 1 - cycle. The loops go line by line, one warp per line (Warp).
 struct RowPass {
   const int32_t* gp;  // the group's positions
   uint32_t k0;        // the pass's first position in the group
@@ -395,21 +395,21 @@ struct RowPass {
   uint64_t ends;      // bit k: position k is a cycle's last (segments are at most 64 units)
 };
 
-// How the row loops deal a tile's lines to its threads: a warp a line, its
+// How the row loops deal a tile's lines to its threads: one warp per line, its
 // lanes a vector apart, or for lines of under 32 vectors (the MN-major
 // packed scale's: 4) the power of two of lanes at or above the line's
 // vectors, several lines to a warp. What a line needs (its position's unit,
-// a load from the plan; its address) is then worked out once a line, not
-// once a vector, and no vector waits on a load of its own before its copy
+// a load from the plan; its address) is then worked out once per line, not
+// once per vector, and no vector waits on a load of its own before its copy
 // (the line's copies wait on the line's). The first device run had each
-// warp issue once every 15.5 cycles in the loops that did it once a vector
+// warp issue once every 15.5 cycles in the loops that did it once per vector
 // (docs/performance.md, "What falls short and why"). Slot s of `slots` takes
 // lines s, s + slots, ... A GPU tile is whole warps (Ctx::kWholeWarps:
 // kGpuThreads); a host context may run any number of threads, its last
 // warp partial. A pass of fewer lines than warps leaves warps idle (wq_b at
-// TP2: cycles of 2, so 2 lines of 4 warps a pass); groups of warps a line
+// TP2: cycles of 2, so 2 lines of 4 warps per pass); groups of warps per line
 // balanced it but, with their stride known only at run time, took the store
-// loop from 22 to 48 instructions a trip (sm_90, 2026-12-06), more than
+// loop from 22 to 48 instructions per trip (sm_90), more than
 // the idle warps cost.
 constexpr uint32_t kWarp = 32;
 template <class Ctx>
@@ -482,10 +482,10 @@ FLASHMLA_PERM_BODY void copy_line(uint32_t lanes, uint32_t lane, uint8_t* dst, c
 }
 
 // A line of a row tile's store loop. A whole warp's line goes kBatch
-// vectors a lane at a time, its stride a constant (so that each vector's
-// addresses are one base and an offset: 22 instructions a batch on sm_90,
+// vectors per lane at a time, its stride a constant (so that each vector's
+// addresses are one base and an offset: 22 instructions per batch on sm_90,
 // 48 with a stride known only at run time); a narrower line's lanes (the
-// packed scale's 4 vectors a line) need one vector each.
+// packed scale's 4 vectors per line) need one vector each.
 template <int V, class W>
 FLASHMLA_PERM_BODY void warp_copy_line(const W& w, uint8_t* dst, const uint8_t* src, uint32_t width) {
   if (w.lanes == kWarp)

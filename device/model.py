@@ -44,12 +44,12 @@ COPY_LATENCY_US = 0.7  # a copy kernel's first bytes: DRAM latency
 # Fitted to the first device run (NVIDIA H200, driver 580.159.04, torch
 # 2.11.0+cu130; its bench step's wq_b and wo_a at TP 1-8): the benchmark
 # copy's bandwidth and launch, and the latency a tile sees and the issue
-# rate (instructions a scheduler a clock) that explained the kernels' times.
+# rate (instructions per scheduler per clock) that explained the kernels' times.
 FITTED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753}
 
 # Instructions a lane issues an item (one V-byte vector), stage and store
-# loops together, and a row loop's once a line (position load, address),
-# read from the sm_90 SASS of the build with row loops a warp a line:
+# loops together, and a row loop's once per line (position load, address),
+# read from the sm_90 SASS of the build with row loops one warp per line:
 # (job kind, gathers in its stage loop, V) -> (per item, per line).
 PER_ITEM = {("rows", False, 16): (15.5, 113.5), ("rows", False, 8): (15.5, 123.0),
             ("cols_staged", True, 16): (71.3, 0.0), ("cols_staged", False, 16): (161.5, 0.0),

@@ -489,7 +489,7 @@ def sweep_plans():
 @needs_kernels
 @pytest.mark.parametrize("label,plan", sweep_plans(), ids=[label for label, _ in sweep_plans()])
 def test_every_planned_cta_is_resident_at_once(label, plan):
-    """Each launch's CTAs a SM (csrc/launch.cpp ctas_per_sm, from this GPU's
+    """Each launch's CTAs per SM (csrc/launch.cpp ctas_per_sm, from this GPU's
     figures as the executor reads them) is what the CUDA runtime's occupancy
     calculator gives the compiled kernel at that launch's shared memory: a
     grid of SMs x ctas_per_sm then runs as one wave, as the performance model
@@ -506,7 +506,7 @@ def test_every_planned_cta_is_resident_at_once(label, plan):
             key = (launch["kernel"], launch["threads"], launch["smem_bytes"])
             resident = _ops._C.cuda_resident_ctas_per_sm(*key, torch.cuda.current_device())
             assert launch["ctas_per_sm"] == min(resident, fields["max_ctas_per_sm"]), (
-                f"{op} {dims} under {label}: planned {launch['ctas_per_sm']} CTAs a SM, the occupancy "
+                f"{op} {dims} under {label}: planned {launch['ctas_per_sm']} CTAs per SM, the occupancy "
                 f"calculator gives {resident} ({launch})")
             checked.add(key)
     # (No model op cuts a cycle, so none plans the save pass: save_heads has

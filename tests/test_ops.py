@@ -237,8 +237,8 @@ def test_a_swap_at_either_end_still_moves(device, at, gen):
 # thread then resets A's OpenMP count to the global 8 (ATen's
 # lazy_init_num_threads, inlined into this library with a flag of its own),
 # and threads 1-7 of the tile loop must not take slots the arena does not
-# have (they did: a heap overflow, a segfault 4 runs in 4, found by an
-# independent review on 2026-12-06). In a process of its own: what it
+# have (an overrun there is a heap overflow: a segfault 4 runs in 4). In a
+# process of its own: what it
 # catches crashes.
 THREAD_COUNT_CHANGES = """
 import json, threading, torch, flashmla_perm

@@ -1,4 +1,4 @@
-"""flashmla_perm inside vLLM 0.33.0 (issue 15, item 6).
+"""flashmla_perm inside vLLM 0.33.0.
 
 vLLM permutes DeepSeek-V4.1's wq_b / wo_a weights by wrapping their weight
 loaders with ``permute_on_load`` (docs/design.md, "How vLLM calls it today"). This
