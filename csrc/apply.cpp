@@ -278,7 +278,10 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
 }
 
 bool gather_narrow_cpu(const at::Tensor& self, int64_t dim, const at::Tensor& perm, const char* op) {
-  if (!self.is_cpu() || !perm.is_cpu() || self.numel() == 0 || !engine_layout(self)) return false;
+  // perm is read on every pass: one in self's storage (a row of it) would
+  // be read after earlier passes wrote it. The plans read it once.
+  if (!self.is_cpu() || !perm.is_cpu() || self.numel() == 0 || !engine_layout(self) || perm.is_alias_of(self))
+    return false;
   if (self.stride(dim) == 1 && !gathered_rows(self, dim).empty()) return false;  // the column engine's
   const std::vector<UnitView> views = units_of(self, dim, 1);
   for (const UnitView& v : views)

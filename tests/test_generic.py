@@ -141,3 +141,15 @@ def test_narrow_units_gather_without_a_plan(gen):
         assert_same_bytes(t, expected)
     assert _ops._C.plan_stats()["built"] == built
     assert _ops._C.plan_stats()["prepared"] == 0
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native paths")
+def test_a_perm_inside_the_tensor_it_permutes(gen):
+    """perm a row of self: read once, before any byte of self moves (the
+    gather path reads perm on every pass, so it leaves such a perm alone)."""
+    n = 140_000  # int32 rows of 560 KB: past the column engine
+    t = torch.randint(0, 1 << 30, (4, n), dtype=torch.int32, generator=gen)
+    t[0] = torch.randperm(n, generator=gen).int()
+    expected = t.index_select(1, t[0].long())
+    fp.permute_(t, t[0], 1)
+    assert_same_bytes(t, expected)
