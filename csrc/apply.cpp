@@ -296,7 +296,10 @@ bool gather_narrow_cpu(const at::Tensor& self, int64_t dim, const at::Tensor& pe
   std::vector<uint64_t> seen(static_cast<size_t>(cpu_gather_check_words(n)), 0);
   auto run = [&](const auto* p) {
     uint8_t* buf = buffer.data_ptr<uint8_t>();
-    if (!run_gather_cpu(views.front(), p, n, buf, seen.data())) check_perm_values(p, n, op);  // raises
+    if (!run_gather_cpu(views.front(), p, n, buf, seen.data())) {
+      check_perm_values(p, n, op);  // raises
+      TORCH_INTERNAL_ASSERT(false, op, ": perm failed the gather's check but not the serial one");
+    }
     for (size_t k = 1; k < views.size(); ++k) run_gather_cpu(views[k], p, n, buf, nullptr);
   };
   if (values.scalar_type() == at::kInt)

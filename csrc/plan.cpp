@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 namespace flashmla_perm {
 
@@ -200,14 +201,19 @@ constexpr int64_t kMaxLandmarks = 16 * 1024;
 //    landmark are then chains of walks, followed in the landmarks' records.
 // 2. The cycles through no landmark, from each unit not marked yet in
 //    increasing order: a walk that meets a smaller unit stops (its start is
-//    not its cycle's least unit; it marks it), one that comes back to its
-//    start counts its cycle, and leaves only that start unmarked.
+//    not its cycle's least unit), one that comes back to its start counts
+//    its cycle, having marked every unit of it but that start.
 // Then the array is sized, each cycle placed, and both kinds walked again
 // to write their units (the second kind from the unmarked starts).
 // Walks that end where another begins (a landmark) or at a smaller unit
 // are what lets many run at once; each unit is walked about twice in all.
+// Units from which a second thread writes half the landmark walks (below,
+// starting it costs more than it saves).
+constexpr int64_t kThreadedUnits = 256 * 1024;
+
 template <class Succ>
-void build_row_plan(RowPlan& plan, const Succ& succ, int64_t units, int64_t max_segment, int64_t pack_above) {
+void build_row_plan(RowPlan& plan, const Succ& succ, int64_t units, int64_t max_segment, int64_t pack_above,
+                    int threads) {
   int shift = 6;
   while ((units >> shift) >= kMaxLandmarks) ++shift;
   const int64_t mask = (int64_t{1} << shift) - 1;
@@ -253,10 +259,7 @@ void build_row_plan(RowPlan& plan, const Succ& succ, int64_t units, int64_t max_
       layout.count(w.len);
       return false;
     }
-    if (v < w.start) {
-      marked.set(w.start);
-      return false;
-    }
+    if (v < w.start) return false;  // (the cycle's least unit marks this start as it walks)
     marked.set(v);
     ++w.len;
     return true;
@@ -297,23 +300,33 @@ void build_row_plan(RowPlan& plan, const Succ& succ, int64_t units, int64_t max_
     } while (j != i);
   });
 
-  // 1 again: each landmark walk writes its units.
-  next_landmark = 0;
-  walk_interleaved(
-      succ,
-      [&](Walker& w) {
-        while (next_landmark < landmarks && walk_len[next_landmark] < 0) ++next_landmark;
-        if (next_landmark == landmarks) return false;
-        w.cur = next_landmark << shift;
-        w.slot = walk_len[next_landmark++];
-        order[w.slot++] = static_cast<int32_t>(w.cur);
-        return true;
-      },
-      [&](Walker& w, int64_t v) {
-        if (landmark(v)) return false;
-        order[w.slot++] = static_cast<int32_t>(v);
-        return true;
-      });
+  // 1 again: each landmark walk writes its units, at places already set:
+  // with two threads, each the walks of half the landmarks.
+  auto fill_landmarks = [&](int64_t from, int64_t to) {
+    int64_t next = from;
+    walk_interleaved(
+        succ,
+        [&](Walker& w) {
+          while (next < to && walk_len[next] < 0) ++next;
+          if (next == to) return false;
+          w.cur = next << shift;
+          w.slot = walk_len[next++];
+          order[w.slot++] = static_cast<int32_t>(w.cur);
+          return true;
+        },
+        [&](Walker& w, int64_t v) {
+          if (landmark(v)) return false;
+          order[w.slot++] = static_cast<int32_t>(v);
+          return true;
+        });
+  };
+  if (threads >= 2 && units >= kThreadedUnits) {
+    std::thread other([&] { fill_landmarks(landmarks / 2, landmarks); });
+    fill_landmarks(0, landmarks / 2);
+    other.join();
+  } else {
+    fill_landmarks(0, landmarks);
+  }
 
   // 2 again, from the starts left unmarked: each walk holds up to
   // max_segment units, written once its cycle's length (its place) is
@@ -353,7 +366,7 @@ RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment, int
   return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment, pack_above);
 }
 
-RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64_t pack_above) {
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64_t pack_above, int threads) {
   RowPlan plan;
   plan.size = n;
   const int64_t g = block_size(perm, n);
@@ -368,9 +381,9 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
   if (max_segment < 1 || max_segment > kMaxSegment)  // a tile marks its cycles' ends in 64 bits
     throw std::invalid_argument("max_segment must be in [1, " + std::to_string(kMaxSegment) + "]");
   if (unit == 1)
-    build_row_plan(plan, Successor<true>{perm, 1}, units, max_segment, pack_above);
+    build_row_plan(plan, Successor<true>{perm, 1}, units, max_segment, pack_above, threads);
   else
-    build_row_plan(plan, Successor<false>{perm, unit}, units, max_segment, pack_above);
+    build_row_plan(plan, Successor<false>{perm, unit}, units, max_segment, pack_above, threads);
   return plan;
 }
 

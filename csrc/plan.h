@@ -69,9 +69,10 @@ struct RowPlan {
   }
 };
 // Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1),
-// or max_segment is not in [1, kMaxSegment].
+// or max_segment is not in [1, kMaxSegment]. `threads` (at most 2 used) share
+// the walks that write the array, for plans of many units.
 RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment,
-                      int64_t pack_above = kPackCyclesAbove);
+                      int64_t pack_above = kPackCyclesAbove, int threads = 1);
 RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment,
                       int64_t pack_above = kPackCyclesAbove);
 

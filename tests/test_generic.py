@@ -119,13 +119,17 @@ def test_large_permutations_match_the_gather(kind, layout, threads, gen):
 @pytest.mark.skipif(not NATIVE, reason="the native paths")
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_the_gather_path_checks_perm_before_moving(dtype, gen):
-    t = torch.randint(0, 256, (N,), dtype=torch.uint8, generator=gen)
+    n = N * 8  # a row past the column engine's 512 KiB: gathered
+    t = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen)
     before = t.clone()
-    for bad, words in [(torch.zeros(N), "more than once"), (torch.arange(N) + 1, "out of range"),
-                       (torch.arange(N).flip(0) - 1, "out of range")]:
+    _ops._C.clear_plan_caches()
+    cpu = _ops.path_counts()["cpu"]
+    for bad, words in [(torch.zeros(n), "more than once"), (torch.arange(n) + 1, "out of range"),
+                       (torch.arange(n).flip(0) - 1, "out of range"), (torch.arange(n) % (n - 1), "more than once")]:
         with pytest.raises(ValueError, match=words):
             fp.permute_(t, bad.to(dtype), 0)
         assert_same_bytes(t, before)
+    assert _ops.path_counts()["cpu"] == cpu and _ops._C.plan_stats()["prepared"] == 0  # nothing moved or planned
 
 
 @pytest.mark.skipif(not NATIVE, reason="the native paths")

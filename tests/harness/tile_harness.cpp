@@ -943,10 +943,14 @@ void check_plan_builder() {
     for (int64_t max_segment : {fp::kMaxSegment, int64_t{4}}) {
       for (int64_t pack_above : {fp::kPackCyclesAbove, int64_t{0}}) {
         if (!small && (max_segment != fp::kMaxSegment || pack_above == 0)) continue;
-        const fp::RowPlan p = fp::make_row_plan(perm, max_segment, pack_above);
-        report(plan_well_formed(p, perm, max_segment),
-               "row plan of " + name + " max_segment=" + std::to_string(max_segment) +
-                   (pack_above ? "" : " packing every short cycle"));
+        for (int threads : {1, 2}) {
+          if (small && threads == 2) continue;  // (a second thread only past kThreadedUnits units)
+          const fp::RowPlan p = fp::make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment,
+                                                  pack_above, threads);
+          report(plan_well_formed(p, perm, max_segment),
+                 "row plan of " + name + " max_segment=" + std::to_string(max_segment) +
+                     (pack_above ? "" : " packing every short cycle") + " threads=" + std::to_string(threads));
+        }
       }
     }
   }
