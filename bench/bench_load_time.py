@@ -10,6 +10,12 @@ Kinds (one rank's shard at tensor-parallel size t, one item per layer):
   permute_q_h128      the same with 128/t heads
   load                the four tensors of a layer loaded through their weight
                       loaders, checkpoint -> param (pinned host -> GPU on CUDA)
+  generic             permute_ on one-shot large permutations of uint8 tensors:
+                      [4Mi], [4Mi, 16] and [1Mi, 256] along 0, [16, 1Mi] along
+                      1, a row each (kind generic:<shape>); `reference` is
+                      torch's t.copy_(t.index_select(dim, perm)), `native` the
+                      call with a perm it has planned (the same perm again),
+                      `native_first` a fresh random perm each call (no plan)
 
 Backends, side by side in one process, taking turns within each pass:
 `copy` (a plain copy of the same bytes, for the weight kinds each layer into
@@ -68,7 +74,10 @@ from card import record_cuda_card  # noqa: E402
 
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
 Q_KINDS = {"permute_q": None, "permute_q_h128": 128}  # kind -> heads before TP (None: --heads)
-KINDS = (*WEIGHT_KINDS, *Q_KINDS, "load")
+# generic: (shape, dim) a row each, uint8 (the unit's bytes are what matters).
+GENERIC_CASES = {"[4Mi]": ((4 << 20,), 0), "[4Mi,16]": ((4 << 20, 16), 0),
+                 "[16,1Mi]": ((16, 1 << 20), 1), "[1Mi,256]": ((1 << 20, 256), 0)}
+KINDS = (*WEIGHT_KINDS, *Q_KINDS, "load", "generic")
 PACKED_COLUMNS = 128  # weight columns one packed int32 scale word covers (4 x 32)
 Q_ITEMS = 4  # distinct Q tensors per pass: each is far larger than any cache
 MiB = 1 << 20
@@ -101,7 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--plot", metavar="PATH", help="PNG of time per model (needs matplotlib)")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = set(args.kinds.split(",")) - set(KINDS)
+    unknown = {k for k in args.kinds.split(",") if k.split(":")[0] != "generic" or
+               k not in ("generic", *(f"generic:{c}" for c in GENERIC_CASES))} - set(KINDS)
     if unknown:
         p.error(f"unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
     return args
@@ -414,9 +424,51 @@ def load_case(args, tp, device, backends, layers):
                 reference="vllm", note=note)
 
 
+def generic_case(args, kind, device, backends):
+    """permute_ on one large uint8 tensor, a fresh random perm each call
+    (native_first: no plan cached, nor anything of the perm) or the same perm
+    again (native: its plan found; reference: torch's gather + copy). The
+    items are calls on one tensor (tp and --layers do not apply): a pass is
+    --reps calls' worth of perms drawn before it is timed."""
+    shape, dim = GENERIC_CASES[kind.split(":", 1)[1]]
+    t = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+    out = torch.empty_like(t)
+    n = shape[dim]
+    perm = torch.randperm(n, device=device)
+    items = [0, 1]
+    # Perms never used, drawn before anything is timed: native_first takes
+    # one a call (the warm-up call, then each pass's).
+    fresh = [torch.randperm(n, device=device) for _ in range(1 + len(items) * args.reps)] \
+        if "native" in backends else []
+
+    def first(_):
+        flashmla_perm.permute_(t, fresh.pop(), dim)
+
+    ops = {"reference": lambda _: t.copy_(t.index_select(dim, perm)),
+           "native": lambda _: flashmla_perm.permute_(t, perm, dim),
+           "native_first": first}
+
+    def check(name):
+        x = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        p = torch.randperm(n, device=device)
+        expected = x.index_select(dim, p)
+        flashmla_perm.permute_(x, p, dim)
+        ok = torch.equal(x, expected)
+        flashmla_perm.permute_(x, p, dim)  # again: through its plan
+        return ok and torch.equal(x, expected.index_select(dim, p))
+
+    names = [b for b in backends if b in ops]
+    if "native" in names:
+        names.append("native_first")
+    fns = {"copy": lambda _: out.copy_(t), **{b: ops[b] for b in names}}
+    return Case(items, fns, t.numel(), check, frozenset({"copy", "native"}))
+
+
 def make_case(args, kind, tp, device, backends, layers):
     if kind == "load":
         return load_case(args, tp, device, backends, layers)
+    if kind.startswith("generic:"):
+        return generic_case(args, kind, device, backends)
     if kind in Q_KINDS:
         return q_case(args, kind, tp, device, backends, layers)
     return weight_case(args, kind, tp, device, backends, layers)
@@ -623,6 +675,8 @@ def memory_probe(spec):
     kind, tp, device, backend = spec["kind"], spec["tp"], spec["device"], spec["backend"]
     option = {"copy": [], "vllm": ["reference"]}.get(backend, [backend])  # its --backends name
     case = make_case(args, kind, tp, device, option, layers=2)
+    if backend == "native_first":  # the fresh perms come with the native backend
+        case = make_case(args, kind, tp, device, ["native"], layers=2)
     fn = case.fns[backend]
     fn(case.items[0])  # warm-up: plans and allocator pools exist already
     if device.startswith("cuda"):
@@ -796,7 +850,8 @@ def main(argv=None):
     print("-" * len(TABLE_HEAD), flush=True)
     for device in devices:
         for tp in args.tp:
-            for kind in args.kinds.split(","):
+            for kind in [k for ks in args.kinds.split(",") for k in
+                         ([f"generic:{c}" for c in GENERIC_CASES] if ks == "generic" else [ks])]:
                 run_kind(args, argv, {"device": device, "kind": kind, "tp": tp}, backends, doc)
                 if args.json:
                     write_json(args.json, doc)

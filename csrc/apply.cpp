@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "checks.h"
 #include "executors.h"
 #include "layout.h"
 
@@ -274,6 +275,39 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
   }
   run(w, device);
   copy_back(staged);
+}
+
+bool gather_narrow_cpu(const at::Tensor& self, int64_t dim, const at::Tensor& perm, const char* op) {
+  // perm is read on every pass: one in self's storage (a row of it) would
+  // be read after earlier passes wrote it. The plans read it once.
+  if (!self.is_cpu() || !perm.is_cpu() || self.numel() == 0 || !engine_layout(self) || perm.is_alias_of(self))
+    return false;
+  if (self.stride(dim) == 1 && !gathered_rows(self, dim).empty()) return false;  // the column engine's
+  const std::vector<UnitView> views = units_of(self, dim, 1);
+  for (const UnitView& v : views)
+    if (!cpu_gathers(v)) return false;
+  const at::Tensor values = perm.contiguous();
+  const int64_t n = values.numel();
+  // The buffer and a bit an index before any byte moves; perm is checked as
+  // the first pass reads it, before that pass writes back.
+  int64_t bytes = 0;
+  for (const UnitView& v : views) bytes = std::max(bytes, cpu_gather_buffer_bytes(v, n));
+  const at::Tensor buffer = at::empty({bytes}, at::kByte);
+  std::vector<uint64_t> seen(static_cast<size_t>(cpu_gather_check_words(n)), 0);
+  auto run = [&](const auto* p) {
+    uint8_t* buf = buffer.data_ptr<uint8_t>();
+    if (!run_gather_cpu(views.front(), p, n, buf, seen.data())) {
+      check_perm_values(p, n, op);  // raises
+      TORCH_INTERNAL_ASSERT(false, op, ": perm failed the gather's check but not the serial one");
+    }
+    for (size_t k = 1; k < views.size(); ++k) run_gather_cpu(views[k], p, n, buf, nullptr);
+  };
+  if (values.scalar_type() == at::kInt)
+    run(values.data_ptr<int32_t>());
+  else
+    run(values.data_ptr<int64_t>());
+  served(Path::kCpu);
+  return true;
 }
 
 at::Tensor applied_cols(const at::Tensor& src_in, const ColForms& plans) {

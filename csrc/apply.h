@@ -51,6 +51,14 @@ struct ColTarget {
 // `op` names the caller in errors.
 void apply_cols(const std::vector<ColTarget>& work, const char* op = "flashmla_perm");
 
+// In place on the CPU, a CPU perm (checked: dtype, shape) whose units are
+// narrow: lines of at most kCpuGatherBytesPerIndex bytes, a dim of stride 1
+// only where its rows are too wide for the column engine. Gathered straight
+// from perm's values, checked before any byte moves (csrc/cpu_gather.cpp):
+// no plan is built or kept. False, nothing done and perm's values unread,
+// where the path does not apply.
+bool gather_narrow_cpu(const at::Tensor& self, int64_t dim, const at::Tensor& perm, const char* op);
+
 // Out of place: the last dim of src gathered into a new contiguous tensor.
 at::Tensor applied_cols(const at::Tensor& src, const ColForms& plans);
 

@@ -70,12 +70,18 @@ void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device&
                     perm.device(), " but self is on ", device);
 }
 
-void check_perm_values(const int64_t* values, int64_t extent, const char* op) {
+namespace {
+template <class T>
+void check_values(const T* values, int64_t extent, const char* op) {
   try {
     check_permutation(values, extent, std::string(op) + ": perm");
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
 }
+}  // namespace
+
+void check_perm_values(const int64_t* values, int64_t extent, const char* op) { check_values(values, extent, op); }
+void check_perm_values(const int32_t* values, int64_t extent, const char* op) { check_values(values, extent, op); }
 
 }  // namespace flashmla_perm

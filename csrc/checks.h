@@ -22,5 +22,6 @@ void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const 
 // [0, extent).
 void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device& device, const char* op);
 void check_perm_values(const int64_t* values, int64_t extent, const char* op);
+void check_perm_values(const int32_t* values, int64_t extent, const char* op);
 
 }  // namespace flashmla_perm

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "executors.h"
@@ -78,6 +79,52 @@ ThreadTiles col_tiles(const ColView& view, const ColJob& p, int64_t buffer_bytes
   return ThreadTiles(buffer_bytes, p.tiles, view.src == view.dst ? cpu_grain(p.tiles, buffer_bytes) : 1);
 }
 
+// Narrow units (one line of at most kNarrowUnitBytes): a tile a unit costs
+// more than the unit's move, and a random permutation's moves wait on memory
+// one after another where nothing prefetches them. So a thread takes a run
+// of segments, whose positions are consecutive in the plan's array, and
+// moves each unit with one fixed-size copy, the source unit kAhead
+// positions on prefetched (its address is in the array).
+constexpr int64_t kNarrowUnitBytes = 64;
+constexpr int64_t kAhead = 16;
+// Segments a chunk of ATen's loop.
+constexpr int64_t kNarrowGrain = 256;
+
+bool narrow_units(const UnitView& v) { return v.lines == 1 && v.line_bytes <= kNarrowUnitBytes; }
+
+template <int W>
+void move_narrow(const UnitView& v, const RowPlan& plan, uint8_t* scratch) {
+  const int64_t w = W > 0 ? W : v.line_bytes;
+  const int32_t* order = plan.order();
+  const int32_t* first = plan.first();
+  const int32_t* word = plan.word();
+  auto unit = [&](int64_t u) { return v.data + u * v.unit_stride; };
+  auto copy = [&](uint8_t* dst, const uint8_t* src) { std::memcpy(dst, src, static_cast<size_t>(W > 0 ? W : w)); };
+  // Each cut segment's first unit into its scratch slot before any moves.
+  at::parallel_for(0, plan.num_scratch, kNarrowGrain * 16, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      if (s + kAhead < end) __builtin_prefetch(unit(order[first[s + kAhead]]));
+      copy(scratch + s * w, unit(order[first[s]]));
+    }
+  });
+  at::parallel_for(0, plan.num_segments, kNarrowGrain, [&](int64_t begin, int64_t end) {
+    const int64_t stop = first[end];
+    uint8_t held[kNarrowUnitBytes];
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t len = plan.length(s), cycle = plan.cycle_length(s);
+      const bool cut = s < plan.num_scratch;
+      for (int64_t c = first[s]; c < first[s] + len; c += cycle) {
+        if (!cut) copy(held, unit(order[c]));
+        for (int64_t k = c; k + 1 < c + cycle; ++k) {
+          if (k + kAhead < stop) __builtin_prefetch(unit(order[k + kAhead]));
+          copy(unit(order[k]), unit(order[k + 1]));
+        }
+        copy(unit(order[c + cycle - 1]), cut ? scratch + int64_t{word[s]} * w : held);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan) {
@@ -85,7 +132,7 @@ int64_t cpu_row_scratch_bytes(const UnitView& view, const RowPlan& plan) {
 }
 
 int64_t cpu_row_tile_bytes(const UnitView& view, const RowPlan& plan) {
-  if (plan.num_segments == 0) return 0;
+  if (plan.num_segments == 0 || narrow_units(view)) return 0;
   int64_t buffer_bytes = 0;
   const RowJob p = cpu_row_job(view, plan, &buffer_bytes);
   return row_tiles(p, buffer_bytes).arena_bytes();
@@ -101,6 +148,15 @@ int64_t cpu_col_tile_bytes(const ColView& view, const ColPlan& plan) {
 void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, uint8_t* arena,
                   int64_t arena_bytes) {
   if (plan.num_segments == 0) return;
+  if (narrow_units(view)) {
+    switch (view.line_bytes) {
+      case 8: return move_narrow<8>(view, plan, scratch);
+      case 16: return move_narrow<16>(view, plan, scratch);
+      case 32: return move_narrow<32>(view, plan, scratch);
+      case 64: return move_narrow<64>(view, plan, scratch);
+      default: return move_narrow<0>(view, plan, scratch);
+    }
+  }
   int64_t buffer_bytes = 0;
   RowJob p = cpu_row_job(view, plan, &buffer_bytes);
   p.scratch = scratch;

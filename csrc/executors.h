@@ -24,6 +24,22 @@ void run_rows_cpu(const UnitView& view, const RowPlan& plan, uint8_t* scratch, u
                   int64_t arena_bytes);
 void run_cols_cpu(const ColView& view, const ColPlan& plan, uint8_t* arena, int64_t arena_bytes);
 
+// CPU, narrow units (csrc/cpu_gather.cpp): destination i <- source perm[i]
+// through a buffer of at most kCpuGatherBytesPerIndex an index (a few lines
+// of every unit a pass, cpu_gather_buffer_bytes in all). For views whose
+// lines are at most that wide (cpu_gathers). With `seen`
+// (cpu_gather_check_words zeroed words), perm is checked in the first pass:
+// false, nothing written, where it is not a permutation of [0, n); without,
+// perm is one already.
+constexpr int64_t kCpuGatherBytesPerIndex = 4;
+bool cpu_gathers(const UnitView& view);
+int64_t cpu_gather_check_words(int64_t n);
+int64_t cpu_gather_buffer_bytes(const UnitView& view, int64_t n);
+bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_t* buffer,
+                    uint64_t* seen);
+bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer,
+                    uint64_t* seen);
+
 #ifdef FLASHMLA_PERM_WITH_CUDA
 // The device's figures and the kernels' registers, queried once per device.
 DeviceSpec cuda_device_spec(c10::Device device);

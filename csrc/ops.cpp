@@ -75,6 +75,8 @@ void permute_dim(const char* op, const at::Tensor& self, const at::Tensor& perm,
   TORCH_CHECK_VALUE(dim >= -n && dim < n, op, ": dim (", dim, ") is out of range for a ", n,
                     "-D self (expected ", -n, " to ", n - 1, ")");
   if (dim < 0) dim += n;
+  check_perm_tensor(perm, self.size(dim), self.device(), op);
+  if (gather_narrow_cpu(self, dim, perm, op)) return;
   const CallPerm call = prepared_permutation(perm, self.size(dim), self.device(), op);
   if (self.numel() == 0) return;
   if (self.stride(dim) == 1) {

@@ -1,5 +1,6 @@
 #include "perm_cache.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <stdexcept>
@@ -29,7 +30,9 @@ std::shared_ptr<const RowPlanEntry> PreparedPerm::rows(const int64_t* values) co
   if (!rows_) {
     std::vector<int64_t> read_back;
     try {
-      rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_));
+      rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_,
+                                                                 kMaxSegment, kPackCyclesAbove,
+                                                                 at::get_num_threads()));
     } catch (const std::invalid_argument& e) {  // over 2^31 - 1 units: the ops' ValueError
       TORCH_CHECK_VALUE(false, e.what());
       throw;

@@ -4,23 +4,34 @@
 #include <cstdint>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 namespace flashmla_perm {
 
-void check_permutation(const int64_t* perm, int64_t n, const std::string& what) {
-  std::vector<bool> seen(static_cast<size_t>(n), false);
+namespace {
+
+template <class T>
+void check_values(const T* perm, int64_t n, const std::string& what) {
+  // A bit an index, in words (vector<bool> took twice as long).
+  std::vector<uint64_t> seen(static_cast<size_t>((n + 63) / 64), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = perm[i];
     if (v < 0 || v >= n)
       throw std::invalid_argument(what + " is not a permutation: index " + std::to_string(v) +
                                   " at position " + std::to_string(i) + " is out of range [0, " +
                                   std::to_string(n) + ")");
-    if (seen[v])
+    const uint64_t bit = uint64_t{1} << (v & 63);
+    if (seen[v >> 6] & bit)
       throw std::invalid_argument(what + " is not a permutation: index " + std::to_string(v) +
                                   " appears more than once");
-    seen[v] = true;
+    seen[v >> 6] |= bit;
   }
 }
+
+}  // namespace
+
+void check_permutation(const int64_t* perm, int64_t n, const std::string& what) { check_values(perm, n, what); }
+void check_permutation(const int32_t* perm, int64_t n, const std::string& what) { check_values(perm, n, what); }
 
 int64_t block_size(const int64_t* perm, int64_t n) {
   int64_t g = n;
@@ -35,59 +46,79 @@ int64_t block_size(const int64_t* perm, int64_t n) {
 
 namespace {
 
-// Calls f(first unit, length) for each cycle of the unit permutation (fixed
-// points left out), in order of first unit: destination c[k] <- source c[k+1].
-template <class F>
-void for_each_cycle(const int64_t* perm, int64_t unit, int64_t units, std::vector<bool>& done, F&& f) {
-  done.assign(static_cast<size_t>(units), false);
-  for (int64_t start = 0; start < units; ++start) {
-    if (done[start]) continue;
-    int64_t len = 0;
-    int64_t u = start;
-    do {
-      done[u] = true;
-      ++len;
-      u = perm[u * unit] / unit;
-    } while (u != start);
-    if (len > 1) f(start, len);
-  }
-}
-
 int64_t segments_of(int64_t len, int64_t max_segment) {
   return len <= max_segment ? 1 : (len + max_segment - 1) / max_segment;
 }
 
-}  // namespace
+// Unit u's source unit: perm[u * unit] / unit (unit 1: no divide).
+template <bool kOne>
+struct Successor {
+  const int64_t* perm;
+  int64_t unit;
+  const int64_t* at(int64_t u) const { return kOne ? perm + u : perm + u * unit; }
+  int64_t operator()(int64_t u) const { return kOne ? perm[u] : perm[u * unit] / unit; }
+};
 
-RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment, int64_t pack_above) {
-  return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment, pack_above);
+// One bit per unit.
+struct Bits {
+  std::vector<uint64_t> words;
+  explicit Bits(int64_t n) : words(static_cast<size_t>((n + 63) / 64), 0) {}
+  bool get(int64_t u) const { return (words[u >> 6] >> (u & 63)) & 1; }
+  void set(int64_t u) { words[u >> 6] |= uint64_t{1} << (u & 63); }
+};
+
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 0); }
+
+// A walk along one cycle: where it is, where it started, what it carries.
+struct Walker {
+  int64_t cur, start, len, slot;
+  int32_t held[kMaxSegment];  // units walked, where a walk keeps them
+};
+
+// Walks along cycles, up to kWalkers of them at once in one thread: each
+// round takes one step of every walker, whose loads are independent, and
+// prefetches each walker's next load a round ahead, so that many misses are
+// in flight where one walk would wait on each in turn (a random permutation
+// puts most of its units in one cycle: walked alone, at memory latency).
+// start(w) sets up the next walk (false: none left); step(w, v), with v the
+// source of w.cur, moves on (w.cur = v: true) or ends the walk (false).
+constexpr int kWalkers = 32;
+template <class Succ, class Start, class Step>
+void walk_interleaved(const Succ& succ, Start&& start, Step&& step) {
+  Walker w[kWalkers];
+  int active = 0;
+  while (active < kWalkers && start(w[active])) prefetch(succ.at(w[active++].cur));
+  while (active > 0) {
+    for (int i = 0; i < active;) {
+      Walker& k = w[i];
+      const int64_t v = succ(k.cur);
+      if (step(k, v)) {
+        k.cur = v;
+      } else if (!start(k)) {
+        k = w[--active];  // the last walker takes this slot (its step waits a round)
+        continue;
+      }
+      prefetch(succ.at(k.cur));
+      ++i;
+    }
+  }
 }
 
-RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64_t pack_above) {
-  RowPlan plan;
-  plan.size = n;
-  const int64_t g = block_size(perm, n);
-  int64_t unit = 1;
-  for (int64_t d = kMaxUnitRows; d >= 1; --d)
-    if (g % d == 0) { unit = d; break; }
-  plan.unit_rows = unit;
-  const int64_t units = n / unit;
-  if (units > INT32_MAX)
-    throw std::invalid_argument("a permuted dim of " + std::to_string(n) + " indices moves " +
-                                std::to_string(units) + " units; the row engine takes at most 2^31 - 1");
+// Where each cycle's units go in the plan's array, and its segments' words.
+struct Layout {
+  RowPlan& plan;
+  int64_t max_segment;
+  bool pack = false;
+  std::vector<int64_t> pos_of, seg_of, written;  // packed cycles, by length
+  int64_t cut_pos = 0, whole_pos = 0, cut_slot = 0, whole_slot = 0;
+  int32_t *order = nullptr, *first = nullptr, *word = nullptr;
+  bool is_short(int64_t len) const { return 2 * len <= max_segment; }
 
-  // Two walks over the cycles: the first sizes the array exactly (it is the
-  // plan's only per-index memory: no vector growth, no second copy), the
-  // second fills it. Cut cycles go first (their segments own the scratch
-  // slots [0, num_scratch)), then the packed short cycles by length, then
-  // whole cycles.
-  if (max_segment < 1 || max_segment > kMaxSegment)  // a tile marks its cycles' ends in 64 bits
-    throw std::invalid_argument("max_segment must be in [1, " + std::to_string(kMaxSegment) + "]");
-  auto is_short = [&](int64_t len) { return 2 * len <= max_segment; };
-  std::vector<int64_t> short_count(static_cast<size_t>(max_segment / 2 + 1), 0);
-  std::vector<bool> done;
+  // Counts: call for every cycle, then allocate().
   int64_t cut_moved = 0, num_short = 0;
-  for_each_cycle(perm, unit, units, done, [&](int64_t, int64_t len) {
+  std::vector<int64_t> short_count;
+  Layout(RowPlan& p, int64_t ms) : plan(p), max_segment(ms), short_count(static_cast<size_t>(ms / 2 + 1), 0) {}
+  void count(int64_t len) {
     plan.moved += len;
     if (len > max_segment) {
       cut_moved += len;
@@ -98,41 +129,52 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
     } else {
       ++plan.num_segments;
     }
-  });
-  const bool pack = num_short > pack_above;
-  // Packed: class c's cycles from pos_of[c], its segments from seg_of[c].
-  std::vector<int64_t> pos_of(short_count.size(), 0), seg_of(short_count.size(), 0);
-  int64_t packed_moved = 0;
-  for (size_t c = 2; c < short_count.size() && pack; ++c) {
-    pos_of[c] = cut_moved + packed_moved;
-    seg_of[c] = plan.num_scratch + plan.num_packed;
-    packed_moved += short_count[c] * static_cast<int64_t>(c);
-    plan.num_packed += (short_count[c] + max_segment / c - 1) / (max_segment / c);
   }
-  plan.num_segments += plan.num_scratch + (pack ? plan.num_packed : num_short);
-  const int64_t words = plan.num_scratch + plan.num_packed;
-  plan.index.assign(static_cast<size_t>(plan.moved + plan.num_segments + 1 + words), 0);
-  int32_t* order = plan.index.data();
-  int32_t* first = order + plan.moved;
-  int32_t* word = first + plan.num_segments + 1;
-  std::vector<int64_t> written(short_count.size(), 0);
-  int64_t cut_pos = 0, whole_pos = cut_moved + packed_moved, cut_slot = 0, whole_slot = words;
-  for_each_cycle(perm, unit, units, done, [&](int64_t start, int64_t len) {
+
+  // Sizes the array exactly (it is the plan's only per-index memory: no
+  // vector growth, no second copy). Cut cycles go first (their segments own
+  // the scratch slots [0, num_scratch)), then the packed short cycles by
+  // length, then whole cycles.
+  void allocate(int64_t pack_above) {
+    pack = num_short > pack_above;
+    pos_of.assign(short_count.size(), 0);
+    seg_of.assign(short_count.size(), 0);
+    written.assign(short_count.size(), 0);
+    int64_t packed_moved = 0;
+    for (size_t c = 2; c < short_count.size() && pack; ++c) {
+      pos_of[c] = cut_moved + packed_moved;
+      seg_of[c] = plan.num_scratch + plan.num_packed;
+      packed_moved += short_count[c] * static_cast<int64_t>(c);
+      plan.num_packed += (short_count[c] + max_segment / c - 1) / (max_segment / c);
+    }
+    plan.num_segments += plan.num_scratch + (pack ? plan.num_packed : num_short);
+    const int64_t words = plan.num_scratch + plan.num_packed;
+    plan.index.assign(static_cast<size_t>(plan.moved + plan.num_segments + 1 + words), 0);
+    order = plan.index.data();
+    first = order + plan.moved;
+    word = first + plan.num_segments + 1;
+    whole_pos = cut_moved + packed_moved;
+    whole_slot = words;
+    first[plan.num_segments] = static_cast<int32_t>(plan.moved);
+  }
+
+  // A cycle of len units: its first position in order[], its segments set.
+  int64_t place(int64_t len) {
     const bool packed = pack && is_short(len);
     int64_t& pos = len > max_segment ? cut_pos : packed ? pos_of[len] : whole_pos;
     const int64_t at = pos;
-    for (int64_t k = 0, u = start; k < len; ++k, u = perm[u * unit] / unit) order[pos++] = static_cast<int32_t>(u);
+    pos += len;
     if (packed) {
       // A new segment every max_segment / len cycles of this length.
       if (written[len]++ % (max_segment / len) == 0) {
         first[seg_of[len]] = static_cast<int32_t>(at);
         word[seg_of[len]++] = static_cast<int32_t>(len);
       }
-      return;
+      return at;
     }
     if (len <= max_segment) {
       first[whole_slot++] = static_cast<int32_t>(at);
-      return;
+      return at;
     }
     // Cut into equal segments; each reads its last source from the slot of
     // the next segment (the cycle's first segment, for the last one).
@@ -145,8 +187,203 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
       word[cut_slot++] = static_cast<int32_t>(first_slot + (s + 1) % nseg);
       seg_at += seg_len;
     }
+    return at;
+  }
+};
+
+// Landmarks: units 0, L, 2L, ... (L a power of two, at least 64), at most
+// kMaxLandmarks of them (what they keep stays within 128 KiB).
+constexpr int64_t kMaxLandmarks = 16 * 1024;
+
+// The cycles, in two kinds of walks:
+// 1. From every landmark to the next landmark on its cycle: the walk's
+//    length and where it ends, every unit walked marked. Cycles through a
+//    landmark are then chains of walks, followed in the landmarks' records.
+// 2. The cycles through no landmark, from each unit not marked yet in
+//    increasing order: a walk that meets a smaller unit stops (its start is
+//    not its cycle's least unit), one that comes back to its start counts
+//    its cycle, having marked every unit of it but that start.
+// Then the array is sized, each cycle placed, and both kinds walked again
+// to write their units (the second kind from the unmarked starts).
+// Walks that end where another begins (a landmark) or at a smaller unit
+// are what lets many run at once; each unit is walked about twice in all.
+// Units from which a second thread writes half the landmark walks (below,
+// starting it costs more than it saves).
+constexpr int64_t kThreadedUnits = 256 * 1024;
+
+template <class Succ>
+void build_row_plan(RowPlan& plan, const Succ& succ, int64_t units, int64_t max_segment, int64_t pack_above,
+                    int threads) {
+  int shift = 6;
+  while ((units >> shift) >= kMaxLandmarks) ++shift;
+  const int64_t mask = (int64_t{1} << shift) - 1;
+  const int64_t landmarks = (units + mask) >> shift;
+  auto landmark = [&](int64_t u) { return (u & mask) == 0; };
+  Bits marked(units);
+
+  // 1. Landmark walks: length (then its place in order[]) and the next landmark.
+  std::vector<int32_t> walk_len(static_cast<size_t>(landmarks)), walk_next(static_cast<size_t>(landmarks));
+  int64_t next_landmark = 0;
+  walk_interleaved(
+      succ,
+      [&](Walker& w) {
+        if (next_landmark == landmarks) return false;
+        w.slot = next_landmark++;
+        w.cur = w.slot << shift;
+        w.len = 1;
+        return true;
+      },
+      [&](Walker& w, int64_t v) {
+        if (landmark(v)) {
+          walk_len[w.slot] = static_cast<int32_t>(w.len);
+          walk_next[w.slot] = static_cast<int32_t>(v >> shift);
+          return false;
+        }
+        marked.set(v);
+        ++w.len;
+        return true;
+      });
+
+  // 2. Cycles through no landmark, counted by their least unit.
+  Layout layout(plan, max_segment);
+  int64_t cursor = 0;
+  auto next_start = [&](Walker& w) {
+    while (cursor < units && (landmark(cursor) || marked.get(cursor) || succ(cursor) == cursor)) ++cursor;
+    if (cursor == units) return false;
+    w.cur = w.start = cursor++;
+    w.len = 1;
+    return true;
+  };
+  walk_interleaved(succ, next_start, [&](Walker& w, int64_t v) {
+    if (v == w.start) {
+      layout.count(w.len);
+      return false;
+    }
+    if (v < w.start) return false;  // (the cycle's least unit marks this start as it walks)
+    marked.set(v);
+    ++w.len;
+    return true;
   });
-  first[plan.num_segments] = static_cast<int32_t>(plan.moved);
+
+  // Chains of landmark walks: each cycle's length, from its least landmark.
+  std::vector<bool> chained(static_cast<size_t>(landmarks), false);
+  auto each_chain = [&](auto&& f) {
+    std::fill(chained.begin(), chained.end(), false);
+    for (int64_t i = 0; i < landmarks; ++i) {
+      if (chained[i]) continue;
+      int64_t len = 0;
+      for (int64_t j = i; !chained[j]; j = walk_next[j]) {
+        chained[j] = true;
+        len += walk_len[j];
+      }
+      f(i, len);
+    }
+  };
+  each_chain([&](int64_t, int64_t len) {
+    if (len > 1) layout.count(len);
+  });
+  layout.allocate(pack_above);
+  int32_t* order = layout.order;
+  // Each landmark walk's place: its cycle's, plus the walks before it on the chain.
+  each_chain([&](int64_t i, int64_t len) {
+    if (len == 1) {
+      walk_len[i] = -1;  // a fixed point
+      return;
+    }
+    int64_t at = layout.place(len);
+    int64_t j = i;
+    do {
+      const int64_t next = walk_next[j], walked = walk_len[j];
+      walk_len[j] = static_cast<int32_t>(at);
+      at += walked;
+      j = next;
+    } while (j != i);
+  });
+
+  // 1 again: each landmark walk writes its units, at places already set:
+  // with two threads, each the walks of half the landmarks.
+  auto fill_landmarks = [&](int64_t from, int64_t to) {
+    int64_t next = from;
+    walk_interleaved(
+        succ,
+        [&](Walker& w) {
+          while (next < to && walk_len[next] < 0) ++next;
+          if (next == to) return false;
+          w.cur = next << shift;
+          w.slot = walk_len[next++];
+          order[w.slot++] = static_cast<int32_t>(w.cur);
+          return true;
+        },
+        [&](Walker& w, int64_t v) {
+          if (landmark(v)) return false;
+          order[w.slot++] = static_cast<int32_t>(v);
+          return true;
+        });
+  };
+  if (threads >= 2 && units >= kThreadedUnits) {
+    std::thread other([&] { fill_landmarks(landmarks / 2, landmarks); });
+    fill_landmarks(0, landmarks / 2);
+    other.join();
+  } else {
+    fill_landmarks(0, landmarks);
+  }
+
+  // 2 again, from the starts left unmarked: each walk holds up to
+  // max_segment units, written once its cycle's length (its place) is
+  // known; a longer cycle is walked on its own, twice.
+  auto place_long = [&](int64_t s) {
+    int64_t len = 1;
+    for (int64_t u = succ(s); u != s; u = succ(u)) ++len;
+    int64_t at = layout.place(len);
+    int64_t u = s;
+    for (int64_t k = 0; k < len; ++k, u = succ(u)) order[at++] = static_cast<int32_t>(u);
+  };
+  cursor = 0;
+  walk_interleaved(
+      succ,
+      [&](Walker& w) {
+        if (!next_start(w)) return false;
+        w.held[0] = static_cast<int32_t>(w.start);
+        return true;
+      },
+      [&](Walker& w, int64_t v) {
+        if (v == w.start) {
+          std::copy(w.held, w.held + w.len, order + layout.place(w.len));
+          return false;
+        }
+        if (w.len == max_segment) {
+          place_long(w.start);
+          return false;
+        }
+        w.held[w.len++] = static_cast<int32_t>(v);
+        return true;
+      });
+}
+
+}  // namespace
+
+RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment, int64_t pack_above) {
+  return make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment, pack_above);
+}
+
+RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64_t pack_above, int threads) {
+  RowPlan plan;
+  plan.size = n;
+  const int64_t g = block_size(perm, n);
+  int64_t unit = 1;
+  for (int64_t d = kMaxUnitRows; d >= 1; --d)
+    if (g % d == 0) { unit = d; break; }
+  plan.unit_rows = unit;
+  const int64_t units = n / unit;
+  if (units > INT32_MAX)
+    throw std::invalid_argument("a permuted dim of " + std::to_string(n) + " indices moves " +
+                                std::to_string(units) + " units; the row engine takes at most 2^31 - 1");
+  if (max_segment < 1 || max_segment > kMaxSegment)  // a tile marks its cycles' ends in 64 bits
+    throw std::invalid_argument("max_segment must be in [1, " + std::to_string(kMaxSegment) + "]");
+  if (unit == 1)
+    build_row_plan(plan, Successor<true>{perm, 1}, units, max_segment, pack_above, threads);
+  else
+    build_row_plan(plan, Successor<false>{perm, unit}, units, max_segment, pack_above, threads);
   return plan;
 }
 
@@ -238,7 +475,32 @@ bool same_values(const Plan& plan, const int64_t* perm, int64_t n) {
 
 std::vector<int64_t> permutation_of(const RowPlan& plan) { return values_of(plan); }
 std::vector<int64_t> permutation_of(const ColPlan& plan) { return values_of(plan); }
-bool applies(const RowPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
+bool applies(const RowPlan& plan, const int64_t* perm, int64_t n) {
+  if (n != plan.size) return false;
+  // The indices of moved units each as the plan says (none of them maps to
+  // itself), in the plan's order, their loads prefetched ahead (a bit an
+  // index to mark them, as permutation_of does, and a walk at latency took
+  // a planned call longer than its moves); then the rest are fixed points
+  // exactly when as many indices as they are map to themselves.
+  const int64_t unit = plan.unit_rows;
+  const int32_t* order = plan.order();
+  const int32_t* first = plan.first();
+  constexpr int64_t kAhead = 16;
+  for (int64_t s = 0; s < plan.num_segments; ++s) {
+    const int32_t* pos = order + first[s];
+    const int64_t len = plan.length(s), c = plan.cycle_length(s);
+    for (int64_t k = 0; k < len; ++k) {
+      if (first[s] + k + kAhead < plan.moved) __builtin_prefetch(perm + int64_t{pos[k + kAhead]} * unit);
+      const bool wraps = (k + 1) % c == 0;
+      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.word()[s]]] : pos[k + 1 - c];
+      for (int64_t r = 0; r < unit; ++r)
+        if (perm[pos[k] * unit + r] != src * unit + r) return false;
+    }
+  }
+  int64_t fixed = 0;
+  for (int64_t i = 0; i < n; ++i) fixed += perm[i] == i;
+  return fixed == n - plan.moved * unit;
+}
 bool applies(const ColPlan& plan, const int64_t* perm, int64_t n) { return same_values(plan, perm, n); }
 
 namespace {

@@ -22,6 +22,7 @@ constexpr int64_t kMaxUnitRows = 64;
 // Throws std::invalid_argument naming `what` unless perm[0..n) holds every
 // index in [0, n) exactly once.
 void check_permutation(const int64_t* perm, int64_t n, const std::string& what);
+void check_permutation(const int32_t* perm, int64_t n, const std::string& what);
 
 // Largest g dividing n such that perm maps aligned blocks of g indices onto
 // aligned blocks of g consecutive indices.
@@ -45,6 +46,10 @@ int64_t block_size(const int64_t* perm, int64_t n);
 // plus at most 8 per segment of 32 or more units (0.25 per unit), plus
 // 4 per short cycle up to pack_above of them. Its device copy is that array
 // as is. A plan keeps no copy of `perm`: permutation_of rebuilds it.
+// Built by walks along the cycles, many at once in one thread (each walk's
+// loads independent of the others', so that they wait on memory together):
+// from landmarks (units L apart, at most 16 Ki of them: 128 KiB of
+// records), then from each cycle through none; a bit a unit marks them.
 constexpr int64_t kPackCyclesAbove = 32 * 1024;
 struct RowPlan {
   int64_t size = 0;        // indices of the permuted dim
@@ -64,9 +69,10 @@ struct RowPlan {
   }
 };
 // Throws std::invalid_argument where the units do not fit int32 (over 2^31 - 1),
-// or max_segment is not in [1, kMaxSegment].
+// or max_segment is not in [1, kMaxSegment]. `threads` (at most 2 used) share
+// the walks that write the array, for plans of many units.
 RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment = kMaxSegment,
-                      int64_t pack_above = kPackCyclesAbove);
+                      int64_t pack_above = kPackCyclesAbove, int threads = 1);
 RowPlan make_row_plan(const std::vector<int64_t>& perm, int64_t max_segment = kMaxSegment,
                       int64_t pack_above = kPackCyclesAbove);
 

@@ -20,6 +20,9 @@ CASES = {  # name: (shape, dim, what perm)
     "[4Mi, 4] dim 0": ((4 << 20, 4), 0, "random"),
     "[64, 256Ki] dim 1": ((64, 256 << 10), 1, "random"),
     "[4Mi, 4] dim 0, 2-cycles": ((4 << 20, 4), 0, "pairs"),
+    # Units of 16 bytes: a cycle plan (the cases above gather, planning nothing).
+    "[4Mi, 16] dim 0": ((4 << 20, 16), 0, "random"),
+    "[4Mi, 16] dim 0, 2-cycles": ((4 << 20, 16), 0, "pairs"),
     "wq_b TP1 (permute_wq_b_)": (None, None, "wq_b"),
     "wo_a TP1 (permute_wo_a_)": (None, None, "wo_a"),
 }

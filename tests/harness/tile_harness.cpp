@@ -840,6 +840,122 @@ void check_plans_give_back_perm() {
   }
 }
 
+// What a row plan must be whatever built it: segments of 1..max_segment
+// units in their three kinds (cut segments of at least half a segment, so
+// that scratch stays under 1/32 of the tensor; packed segments of whole
+// cycles of their word's length; whole cycles), the array exactly sized, and
+// the permutation given back.
+bool plan_well_formed(const fp::RowPlan& p, const std::vector<int64_t>& perm, int64_t max_segment) {
+  const int64_t words = p.num_scratch + p.num_packed;
+  if (static_cast<int64_t>(p.index.size()) != p.moved + p.num_segments + 1 + words) return false;
+  if (p.first()[0] != 0 || p.first()[p.num_segments] != p.moved) return false;
+  const bool packs = p.num_packed > 0;
+  for (int64_t s = 0; s < p.num_segments; ++s) {
+    const int64_t len = p.length(s);
+    if (len < 1 || len > max_segment) return false;
+    if (s < p.num_scratch) {
+      if (p.word()[s] < 0 || p.word()[s] >= p.num_scratch || 2 * len < max_segment) return false;
+    } else if (s < words) {
+      const int64_t c = p.word()[s];
+      if (c < 2 || 2 * c > max_segment || len % c != 0) return false;
+    } else if (len < 2 || (packs && 2 * len <= max_segment)) {
+      return false;
+    }
+  }
+  return fp::permutation_of(p) == perm;
+}
+
+// The plan builder's walks start at landmarks (units 0, L, 2L, ..., L a
+// power of two from 64, more than 64 once there are over 16 Ki landmarks),
+// and from the least unit of each cycle through none: permutations built
+// against both, at sizes either side of where L doubles, units of 1 and of
+// several rows.
+void check_plan_builder() {
+  auto cycle_through = [](const std::vector<int64_t>& order, std::vector<int64_t>& p) {
+    for (size_t i = 0; i < order.size(); ++i) p[order[i]] = order[(i + 1) % order.size()];
+  };
+  auto landmark_free = [&](int64_t n, int64_t stride, bool landmarks_too) {
+    // One cycle through every unit but the landmarks in random order, the
+    // landmarks fixed (no walk from a landmark meets it) or one more cycle.
+    std::vector<int64_t> p = identity(n), others, marks;
+    for (int64_t u = 0; u < n; ++u) (u % stride ? others : marks).push_back(u);
+    std::shuffle(others.begin(), others.end(), rng);
+    cycle_through(others, p);
+    if (landmarks_too) cycle_through(marks, p);
+    return p;
+  };
+  auto shifted = [](int64_t n, int64_t by) {
+    std::vector<int64_t> p(n);
+    for (int64_t u = 0; u < n; ++u) p[u] = (u + by) % n;
+    return p;
+  };
+  auto consecutive_cycles = [](int64_t n, int64_t len) {  // (0 1 .. len-1)(len ..) ...: least unit first
+    std::vector<int64_t> p(n);
+    for (int64_t u = 0; u < n; ++u) p[u] = (u % len == len - 1 || u == n - 1) ? u - u % len : u + 1;
+    return p;
+  };
+  auto descending_cycles = [](int64_t n, int64_t len) {  // each walk meets a smaller unit at once
+    std::vector<int64_t> p(n);
+    for (int64_t u = 0; u < n; ++u) {
+      const int64_t base = u - u % len, end = std::min(n, base + len);
+      p[u] = u == base ? end - 1 : u - 1;
+    }
+    return p;
+  };
+  auto pairs = [](int64_t n) {
+    std::vector<int64_t> order = random_perm(n), p = identity(n);
+    for (int64_t i = 0; i + 1 < n; i += 2) std::swap(p[order[i]], p[order[i + 1]]);
+    return p;
+  };
+  auto blocks = [](const std::vector<int64_t>& units, int64_t g) {
+    std::vector<int64_t> p;
+    for (int64_t x : units)
+      for (int64_t i = 0; i < g; ++i) p.push_back(x * g + i);
+    return p;
+  };
+  std::vector<std::pair<std::string, std::vector<int64_t>>> perms;
+  for (int64_t n : {0, 1, 2, 3, 63, 64, 65, 129, 1000, 4099}) {
+    const std::string at = " n=" + std::to_string(n);
+    perms.push_back({"random" + at, random_perm(n)});
+    perms.push_back({"one cycle" + at, one_cycle(n)});
+    perms.push_back({"identity" + at, identity(n)});
+    perms.push_back({"reversal" + at, reversal(n)});
+    if (n < 2) continue;
+    perms.push_back({"pairs" + at, pairs(n)});
+    perms.push_back({"landmark-free cycle" + at, landmark_free(n, 64, false)});
+    perms.push_back({"landmark-free cycle and landmarks" + at, landmark_free(n, 64, true)});
+    perms.push_back({"shift by 64" + at, shifted(n, 64)});
+    perms.push_back({"shift by 1" + at, shifted(n, 1)});
+    perms.push_back({"consecutive 63-cycles" + at, consecutive_cycles(n, 63)});
+    perms.push_back({"consecutive 200-cycles" + at, consecutive_cycles(n, 200)});
+    perms.push_back({"descending 100-cycles" + at, descending_cycles(n, 100)});
+    perms.push_back({"short cycles" + at, short_cycles(n, 9)});
+    perms.push_back({"blocks of 3" + at, blocks(random_perm(n), 3)});
+    perms.push_back({"blocks of 64, landmark-free" + at, blocks(landmark_free(n, 64, false), 64)});
+  }
+  // Landmarks 128 apart past 2^20 units: a cycle free of those but not of 64's.
+  const int64_t big = (int64_t{1} << 20) + 4097;
+  perms.push_back({"random n=2^20+4097", random_perm(big)});
+  perms.push_back({"landmark-free (128) cycle n=2^20+4097", landmark_free(big, 128, false)});
+  perms.push_back({"pairs n=2^20+4097", pairs(big)});
+  for (const auto& [name, perm] : perms) {
+    const bool small = perm.size() < 10000;
+    for (int64_t max_segment : {fp::kMaxSegment, int64_t{4}}) {
+      for (int64_t pack_above : {fp::kPackCyclesAbove, int64_t{0}}) {
+        if (!small && (max_segment != fp::kMaxSegment || pack_above == 0)) continue;
+        for (int threads : {1, 2}) {
+          if (small && threads == 2) continue;  // (a second thread only past kThreadedUnits units)
+          const fp::RowPlan p = fp::make_row_plan(perm.data(), static_cast<int64_t>(perm.size()), max_segment,
+                                                  pack_above, threads);
+          report(plan_well_formed(p, perm, max_segment),
+                 "row plan of " + name + " max_segment=" + std::to_string(max_segment) +
+                     (pack_above ? "" : " packing every short cycle") + " threads=" + std::to_string(threads));
+        }
+      }
+    }
+  }
+}
+
 // FastDiv against the divide it replaces: small divisors with every n near
 // their multiples, and random divisors and n below 2^31.
 void check_fast_div() {
@@ -861,6 +977,7 @@ void check_fast_div() {
 
 void stress(const std::vector<int>& thread_counts) {
   check_plans_give_back_perm();
+  check_plan_builder();
   check_fast_div();
   for (int threads : thread_counts) {
     const bool serial = threads == thread_counts.front();  // the serial forms once
