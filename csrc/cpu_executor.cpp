@@ -34,7 +34,7 @@ struct Buffer {
 // One job's tile buffers, a thread each, carved from the call's arena, which
 // the caller allocates before any job of the call moves a byte: a failed
 // allocation then leaves every tensor as it was (buffers allocated inside the
-// loop, as before 2026-12-06, could fail after other threads had written).
+// loop could fail after other threads had written).
 // ATen's loop runs min(threads, chunks) threads numbered from 0 (one chunk
 // run inline: thread 0), so `count` buffers cover them. But the count can
 // change between the caller's sizing and the loop (the first parallel_for

@@ -76,8 +76,8 @@ MUTANTS = [
       "a segment's tail read from its own scratch slot instead of the next segment's"),
     # ---- short cycles packed into shared segments (csrc/plan.cpp, csrc/tile_bodies.h)
     M("plan-never-packs", "csrc/plan.cpp",
-      "const bool pack = num_short > pack_above;",
-      "const bool pack = false;",
+      "pack = num_short > pack_above;",
+      "pack = false;",
       ["tests/test_extra_memory.py", "harness --quick"],
       "make_row_plan: short cycles never packed (a segment start each: 6 bytes an index for 2-cycles)"),
     M("plan-packed-cycle-length", "csrc/plan.cpp",

@@ -416,7 +416,7 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
   }
 }
 
-// Rows through two tile buffers a CTA (FLASHMLA_PERM_ROW_STAGES=2), as the
+// Rows through two tile buffers per CTA (FLASHMLA_PERM_ROW_STAGES=2), as the
 // planner makes them (one pass a tile, V = 16) for a padded tensor of
 // 16-byte aligned rows; the save pass first where cycles are cut. With a
 // tile budget (0: the default), tiles may need several passes, and rows not
@@ -1112,11 +1112,11 @@ void print_launch(const std::string& what, const fp::Launch& l) {
   std::printf("\n");
 }
 
-// Launches whose CTAs a SM were held against CUDA's occupancy calculator.
+// Launches whose CTAs per SM were held against CUDA's occupancy calculator.
 int resident_checked = 0;
 
 #ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
-// CTAs of `kernel` a SM by CUDA's calculator on a part of compute capability
+// CTAs of `kernel` per SM by CUDA's calculator on a part of compute capability
 // `major`.0 with `dev`'s figures, capped as the executor caps them; -1 where
 // the calculator refuses its input.
 int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, int threads, int64_t smem_bytes) {
@@ -1149,7 +1149,7 @@ int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, in
 }
 #endif
 
-// Each launch's CTAs a SM (launch.cpp ctas_per_sm) against the CUDA
+// Each launch's CTAs per SM (launch.cpp ctas_per_sm) against the CUDA
 // toolkit's occupancy calculator (cuda_occupancy.h: what
 // cudaOccupancyMaxActiveBlocksPerMultiprocessor computes) for an sm_90 part
 // with `dev`'s figures and registers, and the carveout the executor asks for
@@ -1162,7 +1162,7 @@ bool resident_as_cuda_counts(const std::string& what, const std::vector<fp::Laun
   for (const fp::Launch& l : launches) {
     const int cuda = cuda_ctas_per_sm(dev, 9, l.kernel, l.threads, l.smem_bytes);
     if (cuda != l.ctas_per_sm) {
-      std::printf("FAIL %s: %s planned %d CTAs a SM, CUDA's occupancy calculator gives %d\n", what.c_str(),
+      std::printf("FAIL %s: %s planned %d CTAs per SM, CUDA's occupancy calculator gives %d\n", what.c_str(),
                   fp::kernel_name(l.kernel), l.ctas_per_sm, cuda);
       return false;
     }
@@ -1175,7 +1175,7 @@ bool resident_as_cuda_counts(const std::string& what, const std::vector<fp::Laun
 }
 
 // ctas_per_sm where each limit binds in turn (in the model's launches the
-// registers do), on an sm_90 part (228 KiB a SM) and an sm_80 one (164 KiB),
+// registers do), on an sm_90 part (228 KiB per SM) and an sm_80 one (164 KiB),
 // against CUDA's calculator: registers 16 to 255, dynamic shared memory up
 // to the 48 KiB a launch may ask without opting in, capped or not.
 void check_ctas_per_sm_grid() {
@@ -1201,7 +1201,7 @@ void check_ctas_per_sm_grid() {
 #endif
 }
 
-// Prints a model op's launches; whether their CTAs a SM are CUDA's count.
+// Prints a model op's launches; whether their CTAs per SM are CUDA's count.
 bool show_launches(const std::string& what, const std::vector<fp::Launch>& launches, const fp::DeviceSpec& dev) {
   for (const auto& l : launches) print_launch(what, l);
   return resident_as_cuda_counts(what, launches, dev);
@@ -1373,9 +1373,9 @@ int main(int argc, char** argv) {
   }
   if (model) {
 #ifdef FLASHMLA_PERM_HARNESS_OCCUPANCY
-    std::printf("%d launches' CTAs a SM as CUDA's occupancy calculator counts them\n", resident_checked);
+    std::printf("%d launches' CTAs per SM as CUDA's occupancy calculator counts them\n", resident_checked);
 #else
-    std::printf("NOTE CTAs a SM not held against CUDA's occupancy calculator: no cuda_occupancy.h\n");
+    std::printf("NOTE CTAs per SM not held against CUDA's occupancy calculator: no cuda_occupancy.h\n");
 #endif
   }
   std::printf("%d passed, %d failed\n", cases - failures, failures);
