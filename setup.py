@@ -33,8 +33,11 @@ ROOT = Path(__file__).resolve().parent
 
 def build_config():
     """csrc/build_config.txt: flags shared with CMakeLists.txt."""
-    pairs = (l.split("=", 1) for l in (ROOT / "csrc" / "build_config.txt").read_text().splitlines()
-             if "=" in l and not l.lstrip().startswith("#"))
+    pairs = (
+        l.split("=", 1)
+        for l in (ROOT / "csrc" / "build_config.txt").read_text().splitlines()
+        if "=" in l and not l.lstrip().startswith("#")
+    )
     return {k.strip(): v.strip() for k, v in pairs}
 
 
@@ -53,7 +56,9 @@ def find_cuda_home():
         try:
             out = subprocess.run(
                 [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                capture_output=True, text=True, timeout=120,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             top = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
             if top and Path(top.group(1).strip(), "bin", "nvcc").exists():
@@ -93,14 +98,18 @@ def cuda_decision(torch, cuda_home):
     if torch_cuda is None:
         reason = f"torch {torch.__version__} has no CUDA (a CPU-only build of torch)"
         if forced:
-            raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA={forced}, but the CUDA kernels cannot be built: {reason}")
+            raise SystemExit(
+                f"flashmla_perm: FLASHMLA_PERM_CUDA={forced}, but the CUDA kernels cannot be built: {reason}"
+            )
         return None, reason
     if forced == "nvrtc":
         return "nvrtc", "FLASHMLA_PERM_CUDA=nvrtc"
     toolkit = nvcc_release(cuda_home) if cuda_home else None
     if cuda_home is None:
-        reason = (f"no CUDA toolkit found (torch {torch.__version__} is built for CUDA {torch_cuda}):"
-                  f" set CUDA_HOME to a CUDA {torch_cuda.split('.')[0]}.x toolkit for the CUDA kernels")
+        reason = (
+            f"no CUDA toolkit found (torch {torch.__version__} is built for CUDA {torch_cuda}):"
+            f" set CUDA_HOME to a CUDA {torch_cuda.split('.')[0]}.x toolkit for the CUDA kernels"
+        )
     elif toolkit is None:
         reason = f"the nvcc of CUDA_HOME={cuda_home} did not report its CUDA release"
     elif toolkit.split(".")[0] != torch_cuda.split(".")[0]:
@@ -128,13 +137,21 @@ def cuda_runtime_dirs(torch, cuda_home):
     roots = [pkg / sub for pkg in packages for sub in (f"cu{major}", "cuda_runtime")]
     if cuda_home and (nvcc_release(cuda_home) or "").split(".")[0] == major:
         roots.append(Path(cuda_home))
-    runtime = next(((root / "include", root / lib) for root in roots for lib in ("lib", "lib64")
-                    if (root / "include" / "cuda_runtime_api.h").exists()
-                    and (root / lib / f"libcudart.so.{major}").exists()), None)
+    runtime = next(
+        (
+            (root / "include", root / lib)
+            for root in roots
+            for lib in ("lib", "lib64")
+            if (root / "include" / "cuda_runtime_api.h").exists() and (root / lib / f"libcudart.so.{major}").exists()
+        ),
+        None,
+    )
     if runtime is None:
         return None
     crt_roots = [runtime[0], *(pkg / sub / "include" for pkg in packages for sub in (f"cu{major}", "cuda_nvcc"))]
-    crt_roots += [Path(d, "include") for d in [cuda_home, "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))] if d]
+    crt_roots += [
+        Path(d, "include") for d in [cuda_home, "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"))] if d
+    ]
     crt = next((r for r in crt_roots if (r / "crt" / "host_defines.h").exists()), None)
     if crt is None:
         return None
@@ -153,10 +170,12 @@ def cuda_runtime_dirs(torch, cuda_home):
 
 
 def mismatch_reason(torch_version, torch_cuda, toolkit, cuda_home):
-    return (f"CUDA toolkit {toolkit} ({cuda_home}) does not match torch {torch_version},"
-            f" which is built for CUDA {torch_cuda} (major versions differ) - for the CUDA kernels"
-            f" use a CUDA {torch_cuda.split('.')[0]}.x toolkit (set CUDA_HOME) or a torch build"
-            f" for CUDA {toolkit.split('.')[0]}")
+    return (
+        f"CUDA toolkit {toolkit} ({cuda_home}) does not match torch {torch_version},"
+        f" which is built for CUDA {torch_cuda} (major versions differ) - for the CUDA kernels"
+        f" use a CUDA {torch_cuda.split('.')[0]}.x toolkit (set CUDA_HOME) or a torch build"
+        f" for CUDA {toolkit.split('.')[0]}"
+    )
 
 
 def c_string(text):
@@ -182,18 +201,26 @@ def build_extension():
     if compiler == "nvrtc":
         runtime = cuda_runtime_dirs(torch, cuda_home)
         if runtime is None:
-            compiler, reason = None, (
-                f"{reason}; and no CUDA {torch.version.cuda.split('.')[0]} runtime headers for NVRTC's build"
-                f" (cuda_runtime_api.h beside torch's libcudart, and crt/host_defines.h: pip install"
-                f" {'nvidia-cuda-nvcc-cu12' if torch.version.cuda.startswith('12') else 'nvidia-cuda-crt'})")
+            compiler, reason = (
+                None,
+                (
+                    f"{reason}; and no CUDA {torch.version.cuda.split('.')[0]} runtime headers for NVRTC's build"
+                    f" (cuda_runtime_api.h beside torch's libcudart, and crt/host_defines.h: pip install"
+                    f" {'nvidia-cuda-nvcc-cu12' if torch.version.cuda.startswith('12') else 'nvidia-cuda-crt'})"
+                ),
+            )
             if os.environ.get("FLASHMLA_PERM_CUDA") == "nvrtc":  # asked for: stop, as =1 does
-                raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA=nvrtc, but the CUDA kernels cannot be built: {reason}")
+                raise SystemExit(
+                    f"flashmla_perm: FLASHMLA_PERM_CUDA=nvrtc, but the CUDA kernels cannot be built: {reason}"
+                )
     with_cuda = compiler is not None
     off_reason = "" if with_cuda else reason
     torch_version = torch.__version__.split("+")[0]
-    macros = [("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"'),
-              ("FLASHMLA_PERM_TORCH_BUILD", f'"{c_string(torch.__version__)}"'),
-              ("FLASHMLA_PERM_CUDA_OFF_REASON", f'"{c_string(off_reason)}"')]
+    macros = [
+        ("FLASHMLA_PERM_TORCH_VERSION", f'"{torch_version}"'),
+        ("FLASHMLA_PERM_TORCH_BUILD", f'"{c_string(torch.__version__)}"'),
+        ("FLASHMLA_PERM_CUDA_OFF_REASON", f'"{c_string(off_reason)}"'),
+    ]
     cxx = CONFIG["cxx_flags"].split()
     nvcc = CONFIG["nvcc_flags"].split()
     link = CONFIG["link_flags"].split()
@@ -205,34 +232,44 @@ def build_extension():
     gen = ROOT / "build" / "generated"
     if with_cuda:
         # The kernels' source, embedded for NVRTC (both CUDA builds have it).
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "embed_kernel_sources.py"),
-                        str(gen / "nvrtc_sources.h")], check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "embed_kernel_sources.py"), str(gen / "nvrtc_sources.h")],
+            check=True,
+        )
     include_dirs, library_dirs = [str(gen)], []
     if compiler == "nvrtc":
         major = torch.version.cuda.split(".")[0]
         include_dirs += runtime[0]
         library_dirs.append(runtime[1])
         link += [f"-l:libcudart.so.{major}", "-lc10_cuda", f"-Wl,-rpath,{runtime[1]}"]
-        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_CUDA_ARCHS", '""')]  # each device's own, at first use
+        macros += [
+            ("FLASHMLA_PERM_WITH_CUDA", None),
+            ("FLASHMLA_PERM_CUDA_ARCHS", '""'),
+        ]  # each device's own, at first use
         ext = cpp_extension.CppExtension
     elif with_cuda:
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # torch's own detection needs a visible GPU.
             os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
         archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or ";".join(
-            f"{major}.{minor}" for major, minor in
-            {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+            f"{major}.{minor}"
+            for major, minor in {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
         )
-        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_NVCC_KERNELS", None),
-                   ("FLASHMLA_PERM_CUDA_ARCHS", f'"{archs}"')]
+        macros += [
+            ("FLASHMLA_PERM_WITH_CUDA", None),
+            ("FLASHMLA_PERM_NVCC_KERNELS", None),
+            ("FLASHMLA_PERM_CUDA_ARCHS", f'"{archs}"'),
+        ]
         ext = cpp_extension.CUDAExtension
     else:
         ext = cpp_extension.CppExtension
     if set(sys.argv[1:]) & {"egg_info", "dist_info"}:
         pass  # pip asks for the metadata first: say it once, when building
     elif compiler == "nvrtc":
-        print(f"flashmla_perm: CUDA kernels on, compiled at first use by NVRTC (torch {torch.__version__},"
-              f" CUDA headers {' '.join(runtime[0])}): no nvcc build: {reason}")
+        print(
+            f"flashmla_perm: CUDA kernels on, compiled at first use by NVRTC (torch {torch.__version__},"
+            f" CUDA headers {' '.join(runtime[0])}): no nvcc build: {reason}"
+        )
     elif with_cuda:
         print(f"flashmla_perm: CUDA kernels on, built by nvcc (torch {torch.__version__}, CUDA_HOME={cuda_home})")
     else:

@@ -75,8 +75,12 @@ from card import record_cuda_card  # noqa: E402
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
 Q_KINDS = {"permute_q": None, "permute_q_h128": 128}  # kind -> heads before TP (None: --heads)
 # generic: (shape, dim) a row each, uint8 (the unit's bytes are what matters).
-GENERIC_CASES = {"[4Mi]": ((4 << 20,), 0), "[4Mi,16]": ((4 << 20, 16), 0),
-                 "[16,1Mi]": ((16, 1 << 20), 1), "[1Mi,256]": ((1 << 20, 256), 0)}
+GENERIC_CASES = {
+    "[4Mi]": ((4 << 20,), 0),
+    "[4Mi,16]": ((4 << 20, 16), 0),
+    "[16,1Mi]": ((16, 1 << 20), 1),
+    "[1Mi,256]": ((1 << 20, 256), 0),
+}
 KINDS = (*WEIGHT_KINDS, *Q_KINDS, "load", "generic")
 PACKED_COLUMNS = 128  # weight columns one packed int32 scale word covers (4 x 32)
 Q_ITEMS = 4  # distinct Q tensors per pass: each is far larger than any cache
@@ -85,8 +89,9 @@ MiB = 1 << 20
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tp", type=int, nargs="+", default=[1], choices=[1, 2, 4, 8],
-                   help="tensor-parallel sizes, e.g. --tp 1 2 4 8")
+    p.add_argument(
+        "--tp", type=int, nargs="+", default=[1], choices=[1, 2, 4, 8], help="tensor-parallel sizes, e.g. --tp 1 2 4 8"
+    )
     p.add_argument("--layers", type=int, default=43, help="layers carrying wq_b/wo_a (40 + 3 MTP)")
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--head-dim", type=int, default=512)
@@ -99,25 +104,34 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=5, help="timed passes over the model")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
-    p.add_argument("--backends", default="reference,native",
-                   help="besides the copy; for the load kind `reference` is vLLM's permute_on_load; "
-                        "the in-place weight kinds also take the baselines inplace, outofplace and copy_1buf")
+    p.add_argument(
+        "--backends",
+        default="reference,native",
+        help="besides the copy; for the load kind `reference` is vLLM's permute_on_load; "
+        "the in-place weight kinds also take the baselines inplace, outofplace and copy_1buf",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
-    p.add_argument("--kernel-times", action="store_true",
-                   help="after the timed passes, one more pass per backend under torch.profiler: "
-                        "each kernel's launches, total and mean device time per op (CPU: top-level ops)")
+    p.add_argument(
+        "--kernel-times",
+        action="store_true",
+        help="after the timed passes, one more pass per backend under torch.profiler: "
+        "each kernel's launches, total and mean device time per op (CPU: top-level ops)",
+    )
     p.add_argument("--json", metavar="PATH", help="every number, rewritten as each kind finishes")
-    p.add_argument("--plot", metavar="PATH", help="PNG of time per model (needs matplotlib)")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = {k for k in args.kinds.split(",") if k.split(":")[0] != "generic" or
-               k not in ("generic", *(f"generic:{c}" for c in GENERIC_CASES))} - set(KINDS)
+    unknown = {
+        k
+        for k in args.kinds.split(",")
+        if k.split(":")[0] != "generic" or k not in ("generic", *(f"generic:{c}" for c in GENERIC_CASES))
+    } - set(KINDS)
     if unknown:
         p.error(f"unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
     return args
 
 
 # --------------------------------------------------------------------------- tensors
+
 
 def shapes(args, kind, tp):
     """(weight shape, scale shape, the op's integer argument) of one rank's shard.
@@ -189,6 +203,7 @@ def sync(device):
 # layer) and, per backend, a function of one item. `check(backend)` says
 # whether the backend gives the reference's bytes, on an item of its own.
 
+
 @dataclasses.dataclass
 class Case:
     items: list
@@ -204,15 +219,19 @@ def layer_buffers(layers, device):
     """Per layer, a buffer per tensor of its storage's size: its own, as a
     loader writes each layer into params of its own. Poisoned, so that their
     pages exist before anything is timed."""
-    return {id(layer): [torch.full((tensors_bytes([t]),), 0xA5, dtype=torch.uint8, device=device) for t in layer]
-            for layer in layers}
+    return {
+        id(layer): [torch.full((tensors_bytes([t]),), 0xA5, dtype=torch.uint8, device=device) for t in layer]
+        for layer in layers
+    }
 
 
 def copy_into(buffers_of):
     """A plain copy of a layer's bytes into buffers_of(layer), of the same sizes."""
+
     def run(tensors):
         for dst, src in zip(buffers_of(tensors), tensors):
             dst.copy_(as_bytes(src))
+
     return run
 
 
@@ -246,6 +265,7 @@ def stream_into(buffers_of):
         for dst, src in zip(buffers_of(tensors), tensors):
             w = words(src)
             torch.bitwise_or(w, 0, out=dst.view(w.dtype))
+
     return run
 
 
@@ -270,10 +290,15 @@ def weight_case(args, kind, tp, device, backends, layers):
         weight_fn(name, kind, arg)(layer)
         return same_bytes(layer, expected)
 
-    baselines = {"inplace": stream_in_place, "outofplace": stream_into(own_buffers),
-                 "copy_1buf": copy_into(lambda layer: shared)}
-    fns = {"copy": copy_into(own_buffers),
-           **{b: baselines[b] if b in BASELINES else weight_fn(b, kind, arg) for b in backends}}
+    baselines = {
+        "inplace": stream_in_place,
+        "outofplace": stream_into(own_buffers),
+        "copy_1buf": copy_into(lambda layer: shared),
+    }
+    fns = {
+        "copy": copy_into(own_buffers),
+        **{b: baselines[b] if b in BASELINES else weight_fn(b, kind, arg) for b in backends},
+    }
     return Case(items, fns, tensors_bytes(items[0]), check, frozenset({"copy", "native", *BASELINES}))
 
 
@@ -299,6 +324,7 @@ def q_case(args, kind, tp, device, backends, layers):
 # (vLLM's default_weight_loader: param.data.copy_(loaded_weight)), wrapped once
 # by permute_on_load(param, perm, dim) in the layer's __init__; loading a
 # checkpoint tensor calls param.weight_loader(param, loaded_weight).
+
 
 def plain_loader(param, loaded_weight):
     """vLLM's default_weight_loader, for a machine without vLLM."""
@@ -344,8 +370,12 @@ def load_specs(args, tp):
     o_chunk_perm = reference.o_fused_chunk_permutation(args.group, args.head_dim)
     wq_b, wq_b_scale, _ = shapes(args, "wq_b", tp)
     wo_a, wo_a_scale, _ = shapes(args, "wo_a", tp)
-    return [(wq_b, args.weight_dtype, q_perm, 0), (wq_b_scale, args.scale_dtype, q_perm, 0),
-            (wo_a, args.weight_dtype, o_perm, 1), (wo_a_scale, args.scale_dtype, o_chunk_perm, 1)]
+    return [
+        (wq_b, args.weight_dtype, q_perm, 0),
+        (wq_b_scale, args.scale_dtype, q_perm, 0),
+        (wo_a, args.weight_dtype, o_perm, 1),
+        (wo_a_scale, args.scale_dtype, o_chunk_perm, 1),
+    ]
 
 
 def load_ways(backends):
@@ -420,8 +450,9 @@ def load_case(args, tp, device, backends, layers):
         reference.permute_wo_a_(expected[2], expected[3], args.group)
         return same_bytes(dst, expected)
 
-    return Case(list(range(layers)), fns, tensors_bytes(checkpoints[0]), check, frozenset(),
-                reference="vllm", note=note)
+    return Case(
+        list(range(layers)), fns, tensors_bytes(checkpoints[0]), check, frozenset(), reference="vllm", note=note
+    )
 
 
 def generic_case(args, kind, device, backends):
@@ -438,15 +469,18 @@ def generic_case(args, kind, device, backends):
     items = [0, 1]
     # Perms never used, drawn before anything is timed: native_first takes
     # one a call (the warm-up call, then each pass's).
-    fresh = [torch.randperm(n, device=device) for _ in range(1 + len(items) * args.reps)] \
-        if "native" in backends else []
+    fresh = (
+        [torch.randperm(n, device=device) for _ in range(1 + len(items) * args.reps)] if "native" in backends else []
+    )
 
     def first(_):
         flashmla_perm.permute_(t, fresh.pop(), dim)
 
-    ops = {"reference": lambda _: t.copy_(t.index_select(dim, perm)),
-           "native": lambda _: flashmla_perm.permute_(t, perm, dim),
-           "native_first": first}
+    ops = {
+        "reference": lambda _: t.copy_(t.index_select(dim, perm)),
+        "native": lambda _: flashmla_perm.permute_(t, perm, dim),
+        "native_first": first,
+    }
 
     def check(name):
         x = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
@@ -481,6 +515,7 @@ def available_backends(args):
 
 
 # --------------------------------------------------------------------------- timing
+
 
 def wall_seconds(device, run):
     """Host-inclusive time of run(): from an idle device to an idle device."""
@@ -578,6 +613,7 @@ def one_pass(fn, items):
     def run():
         for item in items:
             fn(item)  # an out-of-place result is dropped at once, as a caller would
+
     return run
 
 
@@ -602,6 +638,7 @@ def time_case(args, case, device, label):
 
 
 # --------------------------------------------------------------------------- kernel times
+
 
 def short_kernel_name(name):
     name = re.sub(r"^void ", "", name)
@@ -631,16 +668,27 @@ def kernel_times(case, device, kind, tp, label):
             rows.append({**key, "error": why})
         ops = len(case.items)
         for kernel, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-            rows.append({**key, "kernel": kernel, "time": "device" if cuda else "cpu", "launches": count,
-                         "ops": ops, "launches_per_op": count / ops, "total_us_per_op": us / ops,
-                         "mean_us": us / count})
+            rows.append(
+                {
+                    **key,
+                    "kernel": kernel,
+                    "time": "device" if cuda else "cpu",
+                    "launches": count,
+                    "ops": ops,
+                    "launches_per_op": count / ops,
+                    "total_us_per_op": us / ops,
+                    "mean_us": us / count,
+                }
+            )
     return rows
 
 
 def print_kernel_times(rows, top=6):
     print()
-    print(f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
-          f"the {top} longest of each, all in --json)")
+    print(
+        f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
+        f"the {top} longest of each, all in --json)"
+    )
     head = f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
     print(head)
     print("-" * len(head))
@@ -654,11 +702,14 @@ def print_kernel_times(rows, top=6):
         if "error" in r:
             print(f"{lead} {r['error']}")
             continue
-        print(f"{lead} {r['launches_per_op']:9.2f} {r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  "
-              f"{short_kernel_name(r['kernel'])}")
+        print(
+            f"{lead} {r['launches_per_op']:9.2f} {r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  "
+            f"{short_kernel_name(r['kernel'])}"
+        )
 
 
 # --------------------------------------------------------------------------- memory
+
 
 def read_hwm_bytes():
     with open("/proc/self/status") as f:
@@ -699,12 +750,14 @@ def memory_probe(spec):
 
 def measure_memory(argv, kind, tp, device, backend):
     spec = json.dumps({"argv": argv, "kind": kind, "tp": tp, "device": device, "backend": backend})
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-probe", spec],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--memory-probe", spec], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- report
+
 
 def summarize(args, key, case, times, memory):
     """One row per backend: key (device, kind, tp) + its numbers."""
@@ -716,14 +769,22 @@ def summarize(args, key, case, times, memory):
     for name, (wall, dev, how) in times.items():
         model, model_dev = statistics.median(wall), statistics.median(dev)
         row = {
-            **key, "backend": name,
-            "ms_per_layer": model / items * 1e3, "device_ms_per_layer": model_dev / items * 1e3,
+            **key,
+            "backend": name,
+            "ms_per_layer": model / items * 1e3,
+            "device_ms_per_layer": model_dev / items * 1e3,
             "device_time": how,
-            "seconds_per_model": model, "seconds_per_layer": model / items, "layers": items,
-            "samples_seconds_per_model": wall, "samples_device_seconds_per_model": dev,
-            "bytes_per_layer": case.item_bytes, "bytes_moved_per_layer": moved,
-            "gbytes_per_s": moved * items / model / 1e9, "gbytes_per_s_device": moved * items / model_dev / 1e9,
-            "x_copy": model / copy_wall, "x_copy_device": model_dev / copy_dev,
+            "seconds_per_model": model,
+            "seconds_per_layer": model / items,
+            "layers": items,
+            "samples_seconds_per_model": wall,
+            "samples_device_seconds_per_model": dev,
+            "bytes_per_layer": case.item_bytes,
+            "bytes_moved_per_layer": moved,
+            "gbytes_per_s": moved * items / model / 1e9,
+            "gbytes_per_s_device": moved * items / model_dev / 1e9,
+            "x_copy": model / copy_wall,
+            "x_copy_device": model_dev / copy_dev,
         }
         if ref and name not in ("copy", case.reference, *BASELINES):
             row["speedup_vs_reference"] = statistics.median(ref[0]) / model
@@ -735,23 +796,34 @@ def summarize(args, key, case, times, memory):
     return rows
 
 
-TABLE_HEAD = (f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'ms/layer':>9} {'dev ms':>8} {'how':8} "
-              f"{'GB/s':>7} {'x copy':>7} {'x c dev':>7} {'vs ref':>7} {'extra mem':>15}")
+TABLE_HEAD = (
+    f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'ms/layer':>9} {'dev ms':>8} {'how':8} "
+    f"{'GB/s':>7} {'x copy':>7} {'x c dev':>7} {'vs ref':>7} {'extra mem':>15}"
+)
 
 
 def print_rows(rows):
     for r in rows:
-        mem = (f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
-               if "extra_peak_bytes" in r else "")
+        mem = (
+            f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
+            if "extra_peak_bytes" in r
+            else ""
+        )
         vs = f"{r['speedup_vs_reference']:6.1f}x" if "speedup_vs_reference" in r else ""
-        print(f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9} {r['ms_per_layer']:9.3f} "
-              f"{r['device_ms_per_layer']:8.3f} {r['device_time']:8} {r['gbytes_per_s']:7.2f} "
-              f"{r['x_copy']:6.2f}x {r['x_copy_device']:6.2f}x {vs:>7} {mem:>15}", flush=True)
+        print(
+            f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9} {r['ms_per_layer']:9.3f} "
+            f"{r['device_ms_per_layer']:8.3f} {r['device_time']:8} {r['gbytes_per_s']:7.2f} "
+            f"{r['x_copy']:6.2f}x {r['x_copy_device']:6.2f}x {vs:>7} {mem:>15}",
+            flush=True,
+        )
 
 
 def print_wrong(key, backend):
-    print(f"{key['device']:6} {key['kind']:14} {key['tp']:2} {backend:9} "
-          f"WRONG: bytes differ from the reference; not timed", flush=True)
+    print(
+        f"{key['device']:6} {key['kind']:14} {key['tp']:2} {backend:9} "
+        f"WRONG: bytes differ from the reference; not timed",
+        flush=True,
+    )
 
 
 def write_json(path, doc):
@@ -762,26 +834,8 @@ def write_json(path, doc):
     os.replace(tmp, path)
 
 
-def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot: matplotlib is not installed; no {path}", file=sys.stderr)
-        return
-    labels = [f"{r['device']} {r['kind']} tp{r['tp']}\n{r['backend']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    ax.bar(range(len(rows)), [r["seconds_per_model"] for r in rows])
-    ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_ylabel("seconds per model (median)")
-    ax.set_yscale("log")
-    ax.set_title("flashmla_perm: load-time permutation cost")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 # --------------------------------------------------------------------------- main
+
 
 def run_kind(args, argv, key, backends, doc):
     """Check, time and report one (device, kind, tp); its rows go into doc."""
@@ -802,8 +856,11 @@ def run_kind(args, argv, key, backends, doc):
     times = time_case(args, case, device, label)
     if args.kernel_times:
         doc["kernel_times"] += kernel_times(case, device, kind, tp, label)
-    memory = {} if args.no_memory else {
-        b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b not in ("copy", *BASELINES)}
+    memory = (
+        {}
+        if args.no_memory
+        else {b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b not in ("copy", *BASELINES)}
+    )
     rows = summarize(args, key, case, times, memory)
     progress(f"{label} done")
     print_rows(rows)
@@ -832,33 +889,53 @@ def main(argv=None):
     devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     backends = available_backends(args)
     info = flashmla_perm.build_info()
-    print(f"flashmla_perm {info['version']}, native={info['native']} cuda={info['cuda']}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"model: {args.layers} layers, {args.heads} heads x {args.head_dim}, TP {args.tp}, "
-          f"weights {args.weight_dtype}, scales {args.scale_dtype} (the packed kinds: int32 MN-major), "
-          f"Q {args.tokens} tokens bf16; median of {args.reps} passes")
+    print(
+        f"flashmla_perm {info['version']}, native={info['native']} cuda={info['cuda']}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"model: {args.layers} layers, {args.heads} heads x {args.head_dim}, TP {args.tp}, "
+        f"weights {args.weight_dtype}, scales {args.scale_dtype} (the packed kinds: int32 MN-major), "
+        f"Q {args.tokens} tokens bf16; median of {args.reps} passes"
+    )
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
     # Which machine gave the figures: a ratio from one card is not another's.
-    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__, "cpu": cpu_name(), "card": None,
-           "rows": [], "wrong": [], "kernel_times": [], "notes": []}
+    doc = {
+        "args": vars(args),
+        "build_info": info,
+        "torch": torch.__version__,
+        "cpu": cpu_name(),
+        "card": None,
+        "rows": [],
+        "wrong": [],
+        "kernel_times": [],
+        "notes": [],
+    }
     card = record_cuda_card(doc) if "cuda" in devices and torch.cuda.is_available() else None
-    print(f"cpu: {doc['cpu']}" + (f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak "
-                                  f"({card['source']})" if card else "") + (
-        f"; cuda card not read: {doc['card_error']}" if "card_error" in doc else ""))
+    print(
+        f"cpu: {doc['cpu']}"
+        + (
+            f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak ({card['source']})"
+            if card
+            else ""
+        )
+        + (f"; cuda card not read: {doc['card_error']}" if "card_error" in doc else "")
+    )
     print(TABLE_HEAD)
     print("-" * len(TABLE_HEAD), flush=True)
     for device in devices:
         for tp in args.tp:
-            for kind in [k for ks in args.kinds.split(",") for k in
-                         ([f"generic:{c}" for c in GENERIC_CASES] if ks == "generic" else [ks])]:
+            for kind in [
+                k
+                for ks in args.kinds.split(",")
+                for k in ([f"generic:{c}" for c in GENERIC_CASES] if ks == "generic" else [ks])
+            ]:
                 run_kind(args, argv, {"device": device, "kind": kind, "tp": tp}, backends, doc)
                 if args.json:
                     write_json(args.json, doc)
     if args.kernel_times:
         print_kernel_times(doc["kernel_times"])
-    if args.plot:
-        plot(doc["rows"], args.plot)
     return 1 if doc["wrong"] else 0
 
 

@@ -27,8 +27,8 @@ bool native_device(const at::Device& device) {
 
 at::Tensor perm_on(const std::vector<int64_t>& perm, const at::Device& device) {
   // Borrowed host memory: the gather below finishes before the plan can go.
-  at::Tensor host = at::from_blob(const_cast<int64_t*>(perm.data()),
-                                  {static_cast<int64_t>(perm.size())}, at::kLong);
+  at::Tensor host =
+      at::from_blob(const_cast<int64_t*>(perm.data()), {static_cast<int64_t>(perm.size())}, at::kLong);
   return device.is_cpu() ? host : host.to(device);
 }
 
@@ -96,7 +96,8 @@ void run_cpu(const Work& w) {
       scratch.push_back(at::empty({cpu_row_scratch_bytes(v, r.entry->plan)}, at::kByte));
       arena_bytes = std::max(arena_bytes, cpu_row_tile_bytes(v, r.entry->plan));
     }
-  for (const ColWork& c : w.cols) arena_bytes = std::max(arena_bytes, cpu_col_tile_bytes(c.view, c.entry->plan));
+  for (const ColWork& c : w.cols)
+    arena_bytes = std::max(arena_bytes, cpu_col_tile_bytes(c.view, c.entry->plan));
   const at::Tensor arena_memory = at::empty({arena_bytes + 64}, at::kByte);
   uint8_t* arena = arena_memory.data_ptr<uint8_t>();
   arena += (64 - reinterpret_cast<uintptr_t>(arena) % 64) % 64;
@@ -208,7 +209,8 @@ std::vector<ColView> gathered_rows(const at::Tensor& t, int64_t dim) {
   const Dim d = dim_of(t, dim);
   const int64_t es = static_cast<int64_t>(t.element_size());
   if (d.pitch != es || !col_map_fits(d.size, es)) return {};
-  std::vector<ColView> views = col_views_in_place(bytes_of(t), dims_except(t, dim), d.size * es, d.size * es, d.size * es);
+  std::vector<ColView> views =
+      col_views_in_place(bytes_of(t), dims_except(t, dim), d.size * es, d.size * es, d.size * es);
   const bool fits = t.is_cpu() ? cpu_cols_staged_fit(views.front()) : gpu_cols_staged_fit(views.front());
   return fits ? views : std::vector<ColView>{};
 }
@@ -251,8 +253,8 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
       const std::vector<ColView> views =
           col_views_in_place(bytes_of(t), dims_except(t, -1), row_bytes, run, words.pitch);
       // Bytes cross words, so a row is staged whole: it must fit a tile buffer.
-      TORCH_CHECK_VALUE(!t.is_cuda() || gpu_cols_staged_fit(views.front()), op,
-                        ": the packed scale's rows (", words.size, " int32 words, ", row_bytes,
+      TORCH_CHECK_VALUE(!t.is_cuda() || gpu_cols_staged_fit(views.front()), op, ": the packed scale's rows (",
+                        words.size, " int32 words, ", row_bytes,
                         " bytes) are too wide for the CUDA kernels' ", kGpuTileBudget,
                         "-byte tile buffer (with a row's padding); permute this scale on the CPU");
       const ColEntry entry = c.plans.cols();

@@ -13,8 +13,8 @@ namespace flashmla_perm {
 void check_defined(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is an undefined tensor");
   // A sparse tensor has no bytes of its elements to move.
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got layout ",
-                    t.layout());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name,
+                    " must be a dense (strided) tensor, got layout ", t.layout());
 }
 
 void check_writable(const at::Tensor& t, const char* op, const char* name) {
@@ -46,8 +46,8 @@ void check_positive(int64_t value, const char* op, const char* name) {
 
 void check_pair(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
                 const char* name_b) {
-  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ",
-                    name_a, " is on ", a.device());
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ", name_a,
+                    " is on ", a.device());
   // Meta tensors have no bytes; empty ones none to share. Otherwise the
   // exact rule on addresses: refused iff some byte belongs to both, or the
   // bounded search could not prove them apart.
@@ -66,8 +66,8 @@ void check_perm_tensor(const at::Tensor& perm, int64_t extent, const at::Device&
   TORCH_CHECK_VALUE(perm.dim() == 1, op, ": perm must be 1-D, got shape ", perm.sizes());
   TORCH_CHECK_VALUE(perm.numel() == extent, op, ": perm has ", perm.numel(),
                     " entries but the permuted dimension has ", extent);
-  TORCH_CHECK_VALUE(perm.device().is_cpu() || perm.device() == device, op, ": perm is on ",
-                    perm.device(), " but self is on ", device);
+  TORCH_CHECK_VALUE(perm.device().is_cpu() || perm.device() == device, op, ": perm is on ", perm.device(),
+                    " but self is on ", device);
 }
 
 namespace {
@@ -81,7 +81,11 @@ void check_values(const T* values, int64_t extent, const char* op) {
 }
 }  // namespace
 
-void check_perm_values(const int64_t* values, int64_t extent, const char* op) { check_values(values, extent, op); }
-void check_perm_values(const int32_t* values, int64_t extent, const char* op) { check_values(values, extent, op); }
+void check_perm_values(const int64_t* values, int64_t extent, const char* op) {
+  check_values(values, extent, op);
+}
+void check_perm_values(const int32_t* values, int64_t extent, const char* op) {
+  check_values(values, extent, op);
+}
 
 }  // namespace flashmla_perm

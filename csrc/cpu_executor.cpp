@@ -99,7 +99,9 @@ void move_narrow(const UnitView& v, const RowPlan& plan, uint8_t* scratch) {
   const int32_t* first = plan.first();
   const int32_t* word = plan.word();
   auto unit = [&](int64_t u) { return v.data + u * v.unit_stride; };
-  auto copy = [&](uint8_t* dst, const uint8_t* src) { std::memcpy(dst, src, static_cast<size_t>(W > 0 ? W : w)); };
+  auto copy = [&](uint8_t* dst, const uint8_t* src) {
+    std::memcpy(dst, src, static_cast<size_t>(W > 0 ? W : w));
+  };
   // Each cut segment's first unit into its scratch slot before any moves.
   at::parallel_for(0, plan.num_scratch, kNarrowGrain * 16, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {

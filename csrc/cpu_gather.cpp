@@ -37,8 +37,8 @@ constexpr int64_t kAhead = 16;
 // atomic OR an index stalls the loads behind it): a value out of range
 // clears `in_range` (and is not read through); each other sets its bit.
 template <int W, bool kCheck, class T>
-void gather_range(const UnitView& v, const T* perm, int64_t n, int64_t begin, int64_t end, const int64_t* offs,
-                  int64_t nl, uint8_t* buffer, uint64_t* seen, bool& ok) {
+void gather_range(const UnitView& v, const T* perm, int64_t n, int64_t begin, int64_t end,
+                  const int64_t* offs, int64_t nl, uint8_t* buffer, uint64_t* seen, bool& ok) {
   const int64_t w = W > 0 ? W : v.line_bytes, stride = v.unit_stride, off0 = offs[0];
   const uint8_t* data = v.data;
   const T* __restrict p = perm;
@@ -166,15 +166,15 @@ bool cpu_gathers(const UnitView& view) { return view.line_bytes <= kCpuGatherByt
 
 int64_t cpu_gather_check_words(int64_t n) { return kCheckLanes * ((n + 63) / 64); }
 
-int64_t cpu_gather_buffer_bytes(const UnitView& view, int64_t n) { return n * lines_a_pass(view) * view.line_bytes; }
+int64_t cpu_gather_buffer_bytes(const UnitView& view, int64_t n) {
+  return n * lines_a_pass(view) * view.line_bytes;
+}
 
-bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_t* buffer,
-                    uint64_t* seen) {
+bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_t* buffer, uint64_t* seen) {
   return gather_any(view, perm, n, buffer, seen);
 }
 
-bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer,
-                    uint64_t* seen) {
+bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer, uint64_t* seen) {
   return gather_any(view, perm, n, buffer, seen);
 }
 

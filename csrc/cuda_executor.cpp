@@ -62,8 +62,8 @@ static int env_whole_number(const char* name, int lowest, int highest, int unset
   if (text == nullptr || *text == '\0') return unset;
   char* end = nullptr;
   const long n = std::strtol(text, &end, 10);
-  TORCH_CHECK(*end == '\0' && n >= lowest && n <= highest, name, " must be a whole number from ", lowest, " to ",
-              highest, ", got '", text, "'");
+  TORCH_CHECK(*end == '\0' && n >= lowest && n <= highest, name, " must be a whole number from ", lowest,
+              " to ", highest, ", got '", text, "'");
   return static_cast<int>(n);
 }
 
@@ -109,8 +109,10 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
   const Kernel kernels[] = {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols};
   const Kernel* k = std::find_if(std::begin(kernels), std::end(kernels),
                                  [&](Kernel each) { return kernel == kernel_name(each); });
-  TORCH_CHECK_VALUE(k != std::end(kernels), "cuda_resident_ctas_per_sm: kernel must be 'rows', 'save_heads' or "
-                    "'cols', got '", kernel, "'");
+  TORCH_CHECK_VALUE(k != std::end(kernels),
+                    "cuda_resident_ctas_per_sm: kernel must be 'rows', 'save_heads' or "
+                    "'cols', got '",
+                    kernel, "'");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   cuda_device_spec(device);  // sets the kernels' carveout preference, once per device
   const c10::cuda::CUDAGuard guard(device);

@@ -80,7 +80,9 @@ __device__ __forceinline__ void for_each_tile(const Jobs<Job>& p, TilesOf tiles_
 
 struct AllTiles {
   template <class Job>
-  __device__ int64_t operator()(const Job& j) const { return j.tiles; }
+  __device__ int64_t operator()(const Job& j) const {
+    return j.tiles;
+  }
 };
 struct HeadTiles {
   __device__ int64_t operator()(const RowJob& j) const { return j.head_tiles; }
@@ -141,7 +143,8 @@ __global__ void __launch_bounds__(kGpuThreads, kSaveHeadsMinCtas) flashmla_perm_
 
 // Half of a column tile at V = 16, for two_stage_loop.
 template <bool kStaged>
-__device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_t tile, uint8_t* buf, bool store) {
+__device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_t tile, uint8_t* buf,
+                                         bool store) {
   if constexpr (kStaged)
     col_staged_half<16>(ctx, job, tile, buf, store);
   else

@@ -35,10 +35,8 @@ constexpr int64_t kCpuGatherBytesPerIndex = 4;
 bool cpu_gathers(const UnitView& view);
 int64_t cpu_gather_check_words(int64_t n);
 int64_t cpu_gather_buffer_bytes(const UnitView& view, int64_t n);
-bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_t* buffer,
-                    uint64_t* seen);
-bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer,
-                    uint64_t* seen);
+bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_t* buffer, uint64_t* seen);
+bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer, uint64_t* seen);
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
 // The device's figures and the kernels' registers, queried once per device.

@@ -87,7 +87,8 @@ ColJob col_job(const ColView& v, const ColPlan& plan, const int32_t* offsets) {
 // Rows of a staged tile whose buffer holds `budget` bytes: enough tiles for
 // every SM twice over, each within the budget.
 int64_t staged_tile_rows(int64_t rows, int64_t buf_pitch, int64_t budget, const DeviceSpec& dev) {
-  return std::clamp<int64_t>(ceil_div(rows, 2 * int64_t{dev.sm_count}), 1, std::max<int64_t>(1, budget / buf_pitch));
+  return std::clamp<int64_t>(ceil_div(rows, 2 * int64_t{dev.sm_count}), 1,
+                             std::max<int64_t>(1, budget / buf_pitch));
 }
 
 // Two tile buffers per CTA: it stages its next tile while it stores this one
@@ -103,7 +104,8 @@ void set_two_stages(Launch& l, const DeviceSpec& dev) {
   for (int j = 0; j < l.num_jobs; ++j) {
     const ColJob& p = l.cols[j];
     if (p.staged != staged || p.vec != 16) return;
-    if (staged ? dev.col_stages < 2 || p.buf_pitch > tile_budget(dev) / 2 : !gathers_in_stage(p, 16, false)) return;
+    if (staged ? dev.col_stages < 2 || p.buf_pitch > tile_budget(dev) / 2 : !gathers_in_stage(p, 16, false))
+      return;
   }
   int64_t buf = 0;
   for (int j = 0; j < l.num_jobs; ++j) {
@@ -177,8 +179,9 @@ UnitView row_units(uint8_t* data, int64_t row_stride, int64_t row_bytes, int64_t
 
 ColView col_rows(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t src_row_stride,
                  int64_t dst_row_stride, int64_t row_bytes) {
-  return ColView{src, dst, lines_1d(rows, src_row_stride), lines_1d(rows, dst_row_stride), rows,
-                 row_bytes, row_bytes, row_bytes};
+  return ColView{
+      src,       dst,      lines_1d(rows, src_row_stride), lines_1d(rows, dst_row_stride), rows, row_bytes,
+      row_bytes, row_bytes};
 }
 
 int64_t Launch::job_tiles(int j) const {
@@ -188,7 +191,9 @@ int64_t Launch::job_tiles(int j) const {
 
 int Launch::vec(int j) const { return kernel == Kernel::kCols ? cols[j].vec : rows[j].vec; }
 
-int64_t Launch::stage_bytes() const { return kernel == Kernel::kCols ? cols[0].stage_bytes : rows[0].stage_bytes; }
+int64_t Launch::stage_bytes() const {
+  return kernel == Kernel::kCols ? cols[0].stage_bytes : rows[0].stage_bytes;
+}
 
 void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch) {
   for (Launch& l : launches)
@@ -201,8 +206,7 @@ int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_
   const int regs_per_warp = (regs * 32 + 255) / 256 * 256;  // allocation unit: 256
   int n = std::min(dev.max_ctas_per_sm, dev.threads_per_sm / threads);
   n = std::min(n, dev.regs_per_sm / (regs_per_warp * warps));
-  if (smem_bytes > 0)
-    n = std::min<int64_t>(n, dev.smem_per_sm / (smem_bytes + dev.smem_reserved_per_cta));
+  if (smem_bytes > 0) n = std::min<int64_t>(n, dev.smem_per_sm / (smem_bytes + dev.smem_reserved_per_cta));
   return std::max(n, 1);
 }
 
@@ -224,8 +228,7 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
     int64_t lines = v.lines, bytes = v.line_bytes;
     if (!fits(lines, bytes))
       bytes = even_piece(v.line_bytes, std::max<int64_t>(1, budget / (max_len * lines)), kGpuSliceAlign);
-    if (!fits(lines, bytes))
-      lines = even_piece(v.lines, std::max<int64_t>(1, budget / (max_len * bytes)), 1);
+    if (!fits(lines, bytes)) lines = even_piece(v.lines, std::max<int64_t>(1, budget / (max_len * bytes)), 1);
     slice_lines[j] = lines;
     slice_bytes[j] = bytes;
     tiles += plan.num_segments * ceil_div(v.lines, lines) * ceil_div(v.line_bytes, bytes);
@@ -245,9 +248,7 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
       const int64_t slices = ceil_div(v.line_bytes, bytes) * ceil_div(want, tiles);
       bytes = std::min(bytes, even_piece(v.line_bytes, ceil_div(v.line_bytes, slices), kGpuSliceAlign));
     }
-    const int64_t step = fits(lines, bytes)
-                             ? max_len
-                             : std::max<int64_t>(1, budget / (lines * bytes) - 1);
+    const int64_t step = fits(lines, bytes) ? max_len : std::max<int64_t>(1, budget / (lines * bytes) - 1);
     main.rows[j] = row_job(v, plan, index, lines, bytes, step);
     const int64_t smem = row_tile_buffer_bytes(lines, bytes, step, max_len);
     main.smem_bytes = std::max(main.smem_bytes, smem);
@@ -265,10 +266,9 @@ Launch row_launch(const UnitView* views, int n, const RowPlan& plan, const int32
 // (two_stage_loop), as set_two_stages does for column tiles. With one, a
 // CTA of two or three tiles (wq_b at TP1 and TP2) has nothing in flight
 // while it stores, which the model fitted to the first device run puts at
-// 13 % of wq_b's time at TP1 (docs/performance.md, "What falls short and why"). Only where every tile of every job
-// is one pass (a pass's stores must follow its own loads), V = 16 (the
-// kernel's two-stage loop is compiled for no other width) and the tiles
-// number under 2^31 (their places by FastDiv: set_row_slices).
+// 13 % of wq_b's time at TP1 (docs/performance.md, "What falls short and why"). Only where every tile of
+// every job is one pass (a pass's stores must follow its own loads), V = 16 (the kernel's two-stage loop is
+// compiled for no other width) and the tiles number under 2^31 (their places by FastDiv: set_row_slices).
 bool set_row_two_stages(Launch& main, const RowPlan& plan) {
   const int64_t max_len = longest_segment(plan);
   for (int j = 0; j < main.num_jobs; ++j) {
@@ -287,8 +287,8 @@ bool set_row_two_stages(Launch& main, const RowPlan& plan) {
 
 }  // namespace
 
-std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
-                                     const int32_t* index, const DeviceSpec& dev) {
+std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan, const int32_t* index,
+                                     const DeviceSpec& dev) {
   if (plan.num_segments == 0 || n == 0) return {};
   Launch main;
   if (dev.row_stages >= 2) {
@@ -308,7 +308,8 @@ std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan
     const RowJob& p = main.rows[j];
     save.bytes[j] = main.scratch_bytes[j];
     save.max_tile_bytes[j] = p.slice_lines * p.slice_bytes;
-    save.inflight_bytes[j] = std::min<int64_t>(save.max_tile_bytes[j], int64_t{kBatch} * p.vec * save.threads);
+    save.inflight_bytes[j] =
+        std::min<int64_t>(save.max_tile_bytes[j], int64_t{kBatch} * p.vec * save.threads);
   }
   finish(save, dev);
   return {save, main};
@@ -354,8 +355,8 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
     // follows the addresses, not the chunks (a 1-byte scale gather still
     // stages and stores 16 bytes at a time).
     p.vec = vector_width({reinterpret_cast<int64_t>(v.src), reinterpret_cast<int64_t>(v.dst),
-                          pitches_of(v.src_rows, v.rows), pitches_of(v.dst_rows, v.rows), v.row_bytes,
-                          v.run, v.run < v.row_bytes ? v.run_pitch : 0});
+                          pitches_of(v.src_rows, v.rows), pitches_of(v.dst_rows, v.rows), v.row_bytes, v.run,
+                          v.run < v.row_bytes ? v.run_pitch : 0});
     const int64_t chunk = int64_t{1} << p.chunk_shift;
     const bool in_place = v.src == v.dst;
     // Out of place, a destination vector with one contiguous source is
@@ -378,10 +379,9 @@ std::vector<Launch> gpu_col_launches(const ColView* views, const ColPlan* const*
       p.row_tiles = ceil_div(v.row_bytes, p.slice_bytes);
       const bool gathered_stage = chunk >= p.vec;
       smem = gathered_stage ? p.tile_rows * p.slice_bytes : 0;
-      l.inflight_bytes[j] = gathered_stage
-                                ? p.tile_rows * p.slice_bytes
-                                : std::min<int64_t>(p.tile_rows * p.slice_bytes,
-                                                    int64_t{kBatch} * p.vec * l.threads);
+      l.inflight_bytes[j] = gathered_stage ? p.tile_rows * p.slice_bytes
+                                           : std::min<int64_t>(p.tile_rows * p.slice_bytes,
+                                                               int64_t{kBatch} * p.vec * l.threads);
     }
     p.tiles = ceil_div(v.rows, p.tile_rows) * p.row_tiles;
     set_col_items(p);
@@ -425,8 +425,8 @@ bool cpu_cols_staged_fit(const ColView& v) {
 ColJob cpu_col_job(const ColView& v, const ColPlan& plan, int64_t* buffer_bytes) {
   ColJob p = col_job(v, plan, plan.source_offset.data());
   p.staged = 1;
-  p.tile_rows = std::clamp<int64_t>(kCpuColBudget / std::max<int64_t>(1, v.row_bytes), 1,
-                                    std::max<int64_t>(1, v.rows));
+  p.tile_rows =
+      std::clamp<int64_t>(kCpuColBudget / std::max<int64_t>(1, v.row_bytes), 1, std::max<int64_t>(1, v.rows));
   p.slice_bytes = v.row_bytes;
   p.row_tiles = 1;
   p.tiles = ceil_div(v.rows, p.tile_rows);

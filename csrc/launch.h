@@ -61,7 +61,8 @@ inline int64_t tile_budget(const DeviceSpec& dev) {
 constexpr int64_t kGpuSliceAlign = 128;
 // Direct (out-of-place) column tiles: destination bytes per tile.
 constexpr int64_t kGpuDirectSlice = 16 * 1024;
-static_assert(2 * kGpuDirectSlice <= kGpuTileBudget, "two direct tile buffers (set_two_stages) within the budget");
+static_assert(2 * kGpuDirectSlice <= kGpuTileBudget,
+              "two direct tile buffers (set_two_stages) within the budget");
 
 // A tensor seen as the units a row plan permutes (see RowJob).
 struct UnitView {
@@ -102,7 +103,7 @@ struct Launch {
   ColJob cols[kMaxJobs] = {};  // kCols
   int64_t scratch_bytes[kMaxJobs] = {};  // the caller allocates these and calls set_scratch
   // Figures for the performance model, per job.
-  int64_t bytes[kMaxJobs] = {};           // bytes read (as many are written)
+  int64_t bytes[kMaxJobs] = {};  // bytes read (as many are written)
   int64_t max_tile_bytes[kMaxJobs] = {};  // the largest tile's bytes
   int64_t inflight_bytes[kMaxJobs] = {};  // loads one CTA has in flight at once, at most
   int64_t tiles = 0;
@@ -128,8 +129,8 @@ void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch);
 // GPU: a row plan applied to up to kMaxJobs tensors in one launch (after a
 // save launch when the plan has scratch). `index` is the plan's array where
 // the kernels read it.
-std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan,
-                                     const int32_t* index, const DeviceSpec& dev);
+std::vector<Launch> gpu_row_launches(const UnitView* views, int n, const RowPlan& plan, const int32_t* index,
+                                     const DeviceSpec& dev);
 // GPU: column gathers, up to kMaxJobs in one launch (staged and direct jobs
 // go in launches of their own: they are different kernels). Rows of an
 // in-place job must fit the tile buffer (gpu_cols_staged_fit); out of place,

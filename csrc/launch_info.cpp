@@ -53,7 +53,8 @@ const char* job_kind(const Launch& l, int j) {
 }
 
 LaunchInfo launch_info(const Launch& l) {
-  LaunchInfo info{kernel_name(l.kernel), l.grid, l.threads, l.smem_bytes, l.stages, l.ctas_per_sm, l.tiles, {}};
+  LaunchInfo info{kernel_name(l.kernel), l.grid,  l.threads, l.smem_bytes, l.stages,
+                  l.ctas_per_sm,         l.tiles, {}};
   for (int j = 0; j < l.num_jobs; ++j) {
     const bool cols = l.kernel == Kernel::kCols;
     const int64_t slice = cols ? 0 : l.rows[j].slice_bytes / l.vec(j);
@@ -73,7 +74,8 @@ std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_
   if (rows % heads != 0 || k % 32 != 0)
     throw std::invalid_argument("gpu_launches: wq_b needs rows a multiple of num_local_heads and k of 32");
   const RowPlan plan = make_row_plan(q_fused_permutation(heads, rows / heads));
-  // fp8 weight [rows, k]; scale: uint8 [rows, k / 32], or int32 [rows, W] MN-major (strides (1, align4(rows))).
+  // fp8 weight [rows, k]; scale: uint8 [rows, k / 32], or int32 [rows, W] MN-major (strides (1,
+  // align4(rows))).
   const std::vector<UnitView> w = unit_views(fake_address(0), {rows, k}, plan.unit_rows, {{k, 1}}, 1);
   const std::vector<UnitView> s =
       mn_major ? unit_views(fake_address(1), {rows, 4}, plan.unit_rows, {{scale_words, 4 * align4(rows)}}, 4)
@@ -86,17 +88,19 @@ std::vector<Launch> wq_b_launches(int64_t rows, int64_t k, int64_t heads, int64_
 std::vector<Launch> wo_a_launches(int64_t groups, int64_t out, int64_t cols, int64_t group, bool packed,
                                   const DeviceSpec& dev) {
   if (cols % group != 0 || cols % (packed ? 128 : 32) != 0)
-    throw std::invalid_argument("gpu_launches: wo_a needs cols a multiple of heads_per_group and of 32 (128 packed)");
+    throw std::invalid_argument(
+        "gpu_launches: wo_a needs cols a multiple of heads_per_group and of 32 (128 packed)");
   const int64_t rows = groups * out;
   const ColPlan w = make_col_plan(o_fused_permutation(group, cols / group), 1);
   const ColPlan s = make_col_plan(o_fused_chunk_permutation(group, cols / group), 1);
   const ColView wv = col_views_in_place(fake_address(0), {{rows, cols}}, cols, cols, cols).front();
   // Packed int32 [groups, out, cols / 128], stride(1) == 1: runs of 4 bytes, words align4(out) * 4 apart.
   const int64_t words = cols / 128, pitch = 4 * align4(out);
-  const ColView sv = packed ? col_views_in_place(fake_address(1), {{out, 4}, {groups, words * pitch}}, 4 * words,
-                                                 4, pitch).front()
-                            : col_views_in_place(fake_address(1), {{rows, cols / 32}}, cols / 32, cols / 32,
-                                                 cols / 32).front();
+  const ColView sv =
+      packed
+          ? col_views_in_place(fake_address(1), {{out, 4}, {groups, words * pitch}}, 4 * words, 4, pitch)
+                .front()
+          : col_views_in_place(fake_address(1), {{rows, cols / 32}}, cols / 32, cols / 32, cols / 32).front();
   const ColView views[] = {wv, sv};
   const ColPlan* plans[] = {&w, &s};
   const int32_t* offsets[] = {nullptr, nullptr};
@@ -112,7 +116,8 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
     return wq_b_launches(dims[0], dims[1], dims[2], dims[1] / (4 * dims[3]), true, dev);
   if (op == "wo_a" && dims.size() == 3)  // rows, cols, heads_per_group
     return wo_a_launches(1, dims[0], dims[1], dims[2], false, dev);
-  if (op == "wv_packed" && dims.size() == 4)  // n_groups, out, cols, heads_per_group (3-D, packed MN-major scale)
+  if (op == "wv_packed" &&
+      dims.size() == 4)  // n_groups, out, cols, heads_per_group (3-D, packed MN-major scale)
     return wo_a_launches(dims[0], dims[1], dims[2], dims[3], true, dev);
   if (op == "permute_q" && dims.size() == 4) {  // tokens, heads, head_dim, element_size
     const int64_t tokens = dims[0], heads = dims[1], head_dim = dims[2], esize = dims[3];
@@ -126,8 +131,8 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
   throw std::invalid_argument(
       "gpu_launches: op must be 'wq_b' (rows, k, num_local_heads), 'wq_b_packed' (rows, k, "
       "num_local_heads, gran), 'wo_a' (rows, cols, heads_per_group), 'wv_packed' (n_groups, out, "
-      "cols, heads_per_group) or 'permute_q' (tokens, heads, head_dim, element_size), got '" + op +
-      "' with " + std::to_string(dims.size()) + " dims");
+      "cols, heads_per_group) or 'permute_q' (tokens, heads, head_dim, element_size), got '" +
+      op + "' with " + std::to_string(dims.size()) + " dims");
 }
 
 }  // namespace
@@ -142,7 +147,9 @@ DeviceFields device_fields(const DeviceFields& device) { return device_fields(de
 
 #ifndef FLASHMLA_PERM_WITH_CUDA
 // CPU builds (cuda_executor.cpp has the CUDA builds' forms).
-DeviceFields cuda_device_fields(int) { throw std::runtime_error("flashmla_perm was built without CUDA kernels"); }
+DeviceFields cuda_device_fields(int) {
+  throw std::runtime_error("flashmla_perm was built without CUDA kernels");
+}
 int cuda_resident_ctas_per_sm(const std::string&, int, int64_t, int) {
   throw std::runtime_error("flashmla_perm was built without CUDA kernels");
 }

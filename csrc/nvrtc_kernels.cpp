@@ -73,7 +73,8 @@ struct Nvrtc {
   std::string path, version;
 };
 
-constexpr int kCudaMajor = CUDART_VERSION / 1000;  // torch's CUDA, whose runtime headers the module built with
+constexpr int kCudaMajor =
+    CUDART_VERSION / 1000;  // torch's CUDA, whose runtime headers the module built with
 
 std::string folder_of(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -101,7 +102,8 @@ std::vector<std::string> nvrtc_candidates() {
     out.push_back(folder_of(folder_of(lib)) + "/cuda_nvrtc/lib/" + name);
   }
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* home = std::getenv(var); home && *home) out.push_back(std::string(home) + "/lib64/" + name);
+    if (const char* home = std::getenv(var); home && *home)
+      out.push_back(std::string(home) + "/lib64/" + name);
   out.push_back(name);
   return out;
 }
@@ -134,10 +136,13 @@ const Nvrtc& nvrtc_library() {
     tried += "\n  " + c + " (" + (why ? why : "dlopen failed") + ")";
   }
   if (!handle)
-    fail("the CUDA kernels of this build are compiled at first use by NVRTC, and no NVRTC library was found;"
-         " install it with `pip install nvidia-cuda-nvrtc" + std::string(kCudaMajor == 12 ? "-cu12" : "") +
-         "` (CUDA " + std::to_string(kCudaMajor) + ", torch's), or set FLASHMLA_PERM_NVRTC_LIBRARY to its path"
-         " (libnvrtc.so." + std::to_string(kCudaMajor) + "). Tried:" + tried);
+    fail(
+        "the CUDA kernels of this build are compiled at first use by NVRTC, and no NVRTC library was found;"
+        " install it with `pip install nvidia-cuda-nvrtc" +
+        std::string(kCudaMajor == 12 ? "-cu12" : "") + "` (CUDA " + std::to_string(kCudaMajor) +
+        ", torch's), or set FLASHMLA_PERM_NVRTC_LIBRARY to its path"
+        " (libnvrtc.so." +
+        std::to_string(kCudaMajor) + "). Tried:" + tried);
   auto l = std::make_unique<Nvrtc>();
   bind(handle, "nvrtcGetErrorString", l->GetErrorString, path);
   bind(handle, "nvrtcVersion", l->Version, path);
@@ -282,7 +287,8 @@ const Driver& driver() {
     bind(lib, "cuModuleGetFunction", d.ModuleGetFunction, path);
     bind(lib, "cuFuncGetAttribute", d.FuncGetAttribute, path);
     bind(lib, "cuFuncSetAttribute", d.FuncSetAttribute, path);
-    bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", d.OccupancyMaxActiveBlocksPerMultiprocessor, path);
+    bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", d.OccupancyMaxActiveBlocksPerMultiprocessor,
+         path);
     bind(lib, "cuLaunchKernel", d.LaunchKernel, path);
     bind(lib, "cuGetErrorString", d.GetErrorString, path);
   });
@@ -306,7 +312,8 @@ std::map<int, Loaded> loaded_by_device;
 Loaded loaded_on(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
-  if (it == loaded_by_device.end()) fail("the NVRTC kernels are not loaded on device " + std::to_string(device));
+  if (it == loaded_by_device.end())
+    fail("the NVRTC kernels are not loaded on device " + std::to_string(device));
   return it->second;
 }
 
@@ -338,7 +345,8 @@ std::string version() { return nvrtc_library().version; }
 
 std::string cache_dir() {
   if (const char* dir = std::getenv("FLASHMLA_PERM_CACHE_DIR"); dir && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/flashmla_perm";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/flashmla_perm";
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/tmp") + "/.cache/flashmla_perm";
 }
@@ -356,13 +364,14 @@ Compiled compile(const std::string& arch, const std::string& extra, const std::s
   }
   const std::string source = (main.empty() ? std::string(kEmbeddedTexts[0]) : main) + extra;
   nvrtcProgram prog = nullptr;
-  check_nvrtc(n, n.CreateProgram(&prog, source.c_str(), kEmbeddedNames[0], static_cast<int>(headers.size()),
-                                 headers.data(), names.data()),
+  check_nvrtc(n,
+              n.CreateProgram(&prog, source.c_str(), kEmbeddedNames[0], static_cast<int>(headers.size()),
+                              headers.data(), names.data()),
               "nvrtcCreateProgram");
-  const std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) {
-    nvrtc_library().DestroyProgram(p);
-  });
-  for (const char* e : kKernelExpressions) check_nvrtc(n, n.AddNameExpression(prog, e), "nvrtcAddNameExpression");
+  const std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(
+      &prog, [](nvrtcProgram* p) { nvrtc_library().DestroyProgram(p); });
+  for (const char* e : kKernelExpressions)
+    check_nvrtc(n, n.AddNameExpression(prog, e), "nvrtcAddNameExpression");
   // Unannotated functions are device code (tile_bodies.h's inline helpers
   // and the lambdas, which nvcc takes as device code inside a kernel).
   const std::string gpu = "--gpu-architecture=" + arch;
@@ -377,8 +386,8 @@ Compiled compile(const std::string& arch, const std::string& extra, const std::s
   if (size) n.GetProgramLog(prog, c.log.data());
   while (!c.log.empty() && c.log.back() == '\0') c.log.pop_back();
   if (result != 0)
-    fail("NVRTC " + n.version + " failed to compile the kernels for " + arch + ": " + n.GetErrorString(result) +
-         "\n" + c.log);
+    fail("NVRTC " + n.version + " failed to compile the kernels for " + arch + ": " +
+         n.GetErrorString(result) + "\n" + c.log);
   check_nvrtc(n, n.GetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
   c.cubin.assign(size, '\0');
   check_nvrtc(n, n.GetCUBIN(prog, c.cubin.data()), "nvrtcGetCUBIN");
@@ -443,7 +452,7 @@ int resident_ctas_per_sm(int device, Kernel kernel, int threads, int64_t smem_by
   for (int k = first; k <= last; ++k) {
     int n = 0;
     check_cu(driver().OccupancyMaxActiveBlocksPerMultiprocessor(&n, l.functions[k], threads,
-                                                                 static_cast<size_t>(smem_bytes)),
+                                                                static_cast<size_t>(smem_bytes)),
              "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     ctas = k == first ? n : (n < ctas ? n : ctas);
   }

@@ -24,8 +24,8 @@ void check_permutable(const at::Tensor& self, const char* op) {
 }
 
 // What both model ops ask of their arguments before their own shape rules.
-void check_weight_and_scale(const at::Tensor& weight, const at::Tensor& weight_scale,
-                            int64_t heads, const char* heads_name, const char* op) {
+void check_weight_and_scale(const at::Tensor& weight, const at::Tensor& weight_scale, int64_t heads,
+                            const char* heads_name, const char* op) {
   check_writable(weight, op, "weight");
   check_writable(weight_scale, op, "weight_scale");
   check_dim(weight, 2, op, "weight");
@@ -38,11 +38,11 @@ void check_weight_and_scale(const at::Tensor& weight, const at::Tensor& weight_s
 int64_t head_dim_of(const at::Tensor& weight, int64_t dim, int64_t heads, const char* heads_name,
                     int64_t chunk, const char* op) {
   const int64_t n = weight.size(dim);
-  TORCH_CHECK_VALUE(n % heads == 0, op, ": ", heads_name, " (", heads, ") must divide weight.size(",
-                    dim, ") (", n, ")");
+  TORCH_CHECK_VALUE(n % heads == 0, op, ": ", heads_name, " (", heads, ") must divide weight.size(", dim,
+                    ") (", n, ")");
   const int64_t head_dim = n / heads;
-  TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": head_dim = weight.size(", dim, ") / ", heads_name,
-                    " = ", head_dim, " must be a multiple of ", chunk);
+  TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": head_dim = weight.size(", dim, ") / ", heads_name, " = ",
+                    head_dim, " must be a multiple of ", chunk);
   return head_dim;
 }
 
@@ -116,8 +116,8 @@ int64_t check_wq_b(const at::Tensor& weight, const at::Tensor& weight_scale, int
   return head_dim;
 }
 
-void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale,
-                   int64_t num_local_heads, bool inverse) {
+void permute_wq_b_(const at::Tensor& weight, const at::Tensor& weight_scale, int64_t num_local_heads,
+                   bool inverse) {
   const int64_t head_dim = check_wq_b(weight, weight_scale, num_local_heads, "permute_wq_b_");
   if (head_dim == 0) return;  // no rows: nothing moves (the reference's answer too)
   const auto entry = cached_q_row_plan(num_local_heads, head_dim, inverse);
@@ -164,8 +164,8 @@ void wo_a_in_place(const at::Tensor& weight, const at::Tensor& weight_scale, int
   apply_cols({{weight, -1, forms_of(w)}, {weight_scale, -1, forms_of(s), packed}}, op);
 }
 
-void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale,
-                   int64_t heads_per_group, bool inverse) {
+void permute_wo_a_(const at::Tensor& weight, const at::Tensor& weight_scale, int64_t heads_per_group,
+                   bool inverse) {
   const char* op = "permute_wo_a_";
   const bool packed = check_wo_a(weight, weight_scale, heads_per_group, op);
   if (weight.size(-1) == 0) return;  // no columns: nothing moves (the reference's answer too)
@@ -206,8 +206,8 @@ void check_fp8_weight(const at::Tensor& weight, int64_t dim, const char* op) {
 
 void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
                        const char* name_b) {
-  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ", name_a, " is on ",
-                    a.device());
+  TORCH_CHECK_VALUE(a.device() == b.device(), op, ": ", name_b, " is on ", b.device(), " but ", name_a,
+                    " is on ", a.device());
 }
 
 void check_packed_scale_dtype(const at::Tensor& scale, const char* op) {
@@ -228,8 +228,8 @@ std::pair<at::Tensor, at::Tensor> drop_in_inputs(at::TensorList weight_and_scale
                     pair.first.strides());
   check_positive(heads, op, heads_name);
   check_positive(head_dim, op, head_dim_name);
-  TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": ", head_dim_name, " (", head_dim, ") must be a multiple of ",
-                    chunk);
+  TORCH_CHECK_VALUE(head_dim % chunk == 0, op, ": ", head_dim_name, " (", head_dim,
+                    ") must be a multiple of ", chunk);
   return pair;
 }
 
@@ -237,8 +237,8 @@ std::vector<at::Tensor> permute_q_b_proj(at::TensorList weight_and_scale, int64_
   const char* op = "permute_q_b_proj";
   const auto [weight, scale] = drop_in_inputs(weight_and_scale, 2, h_q, "h_q", d_q, "d_q", kQChunk, op);
   const int64_t rows = weight.size(0), k = weight.size(1);
-  TORCH_CHECK_VALUE(is_product(rows, h_q, d_q), op, ": weight has ", rows, " rows but h_q * d_q = ",
-                    product_text(h_q, d_q));
+  TORCH_CHECK_VALUE(is_product(rows, h_q, d_q), op, ": weight has ", rows,
+                    " rows but h_q * d_q = ", product_text(h_q, d_q));
   check_packed_scale_dtype(scale, op);
   check_dim(scale, 2, op, "scale");
   TORCH_CHECK_VALUE(scale.size(0) == rows, op, ": scale has ", scale.size(0), " rows but weight has ", rows);
@@ -247,8 +247,8 @@ std::vector<at::Tensor> permute_q_b_proj(at::TensorList weight_and_scale, int64_
   const int64_t gran = divides ? k / (4 * words) : 0;
   TORCH_CHECK_VALUE(divides, op, ": scale has ", words,
                     " words per row, so gran = K / (4 * W) must be 32 or 128 (K = ", k, ")");
-  TORCH_CHECK_VALUE(gran == 32 || gran == 128, op, ": scale has ", words, " words per row, so gran = K / (4 * W) = ",
-                    gran, " must be 32 or 128 (K = ", k, ")");
+  TORCH_CHECK_VALUE(gran == 32 || gran == 128, op, ": scale has ", words,
+                    " words per row, so gran = K / (4 * W) = ", gran, " must be 32 or 128 (K = ", k, ")");
   // FlashMLA checks stride(0) alone and reads words at scale.stride(1): any
   // padding of the rows is valid input.
   TORCH_CHECK_VALUE(scale.stride(0) == 1, op, ": scale must be MN-major (stride(0) == 1), got strides ",
@@ -323,9 +323,13 @@ TORCH_LIBRARY(flashmla_perm, m) {
   // self[..., perm] as a new contiguous tensor.
   m.def("permute_cols(Tensor self, Tensor perm) -> Tensor");
   // Rows of a wq_b shard and its per-row scale, by the Q permutation (or its inverse).
-  m.def("permute_wq_b_(Tensor(a!) weight, Tensor(b!) weight_scale, int num_local_heads, bool inverse=False) -> ()");
+  m.def(
+      "permute_wq_b_(Tensor(a!) weight, Tensor(b!) weight_scale, int num_local_heads, bool inverse=False) -> "
+      "()");
   // Columns of a wo_a shard by the O permutation, its per-32 scale by the O chunk permutation.
-  m.def("permute_wo_a_(Tensor(a!) weight, Tensor(b!) weight_scale, int heads_per_group=8, bool inverse=False) -> ()");
+  m.def(
+      "permute_wo_a_(Tensor(a!) weight, Tensor(b!) weight_scale, int heads_per_group=8, bool inverse=False) "
+      "-> ()");
   // [N, H, D] Q activations, standard <-> fused layout, as a new tensor.
   m.def("permute_q(Tensor q, bool inverse=False) -> Tensor");
   // FlashMLA's ops, out of place, on every device: (weight, packed MN-major scale).

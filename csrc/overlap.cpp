@@ -30,8 +30,9 @@ bool span_of(const std::vector<Dim>& dims, int64_t* span) {
 Overlap reach(int64_t target, std::vector<Dim> dims, Search& s) {
   if (--s.left < 0) return Overlap::kUnknown;
   // Dims that add nothing (one index, or pitch 0) cannot help reach anything.
-  dims.erase(std::remove_if(dims.begin(), dims.end(), [](const Dim& d) { return d.size <= 1 || d.pitch == 0; }),
-             dims.end());
+  dims.erase(
+      std::remove_if(dims.begin(), dims.end(), [](const Dim& d) { return d.size <= 1 || d.pitch == 0; }),
+      dims.end());
   int64_t span = 0;
   if (!span_of(dims, &span)) return Overlap::kUnknown;
   if (target < 0 || target > span) return Overlap::kNo;
@@ -53,7 +54,8 @@ Overlap reach(int64_t target, std::vector<Dim> dims, Search& s) {
         if (dims[j].pitch % dims[i].pitch != 0) continue;
         const int64_t k = dims[j].pitch / dims[i].pitch;
         int64_t grown = 0;
-        if (k > dims[i].size || !mul(k, dims[j].size - 1, &grown) || !add(grown, dims[i].size, &grown)) continue;
+        if (k > dims[i].size || !mul(k, dims[j].size - 1, &grown) || !add(grown, dims[i].size, &grown))
+          continue;
         dims[i].size = grown;
         dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(j));
         merged = true;
@@ -129,7 +131,8 @@ Overlap self_overlap(const ByteLayout& t_in, int64_t budget) {
   ByteLayout t = t_in;
   if (empty(t)) return Overlap::kNo;
   if (!normalised(t)) return Overlap::kUnknown;
-  std::stable_sort(t.dims.begin(), t.dims.end(), [](const Dim& a, const Dim& b) { return a.pitch < b.pitch; });
+  std::stable_sort(t.dims.begin(), t.dims.end(),
+                   [](const Dim& a, const Dim& b) { return a.pitch < b.pitch; });
   // Two distinct elements x != y: let k be the last dim (by pitch) where they
   // differ, x_k > y_k. Dims after k cancel, so the element at d * pitch_k
   // (1 <= d < size_k) plus the dims before k meets the dims before k alone.

@@ -30,9 +30,8 @@ std::shared_ptr<const RowPlanEntry> PreparedPerm::rows(const int64_t* values) co
   if (!rows_) {
     std::vector<int64_t> read_back;
     try {
-      rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(values_or_plans(values, read_back), size_,
-                                                                 kMaxSegment, kPackCyclesAbove,
-                                                                 at::get_num_threads()));
+      rows_ = std::make_shared<const RowPlanEntry>(make_row_plan(
+          values_or_plans(values, read_back), size_, kMaxSegment, kPackCyclesAbove, at::get_num_threads()));
     } catch (const std::invalid_argument& e) {  // over 2^31 - 1 units: the ops' ValueError
       TORCH_CHECK_VALUE(false, e.what());
       throw;
@@ -83,8 +82,8 @@ struct DeviceSeen {
 
   bool matches(const at::Tensor& perm) const {
     const auto alive = impl.lock();
-    return alive.get() == perm.unsafeGetTensorImpl() &&
-           static_cast<int64_t>(perm._version()) == version && perm.data_ptr() == data;
+    return alive.get() == perm.unsafeGetTensorImpl() && static_cast<int64_t>(perm._version()) == version &&
+           perm.data_ptr() == data;
   }
 };
 
@@ -152,9 +151,9 @@ CallPerm prepared_permutation(const at::Tensor& perm, int64_t extent, const at::
   auto prepared = prepared_by_values(host, op);
   if (trackable) {
     by_device_tensor().put(perm.unsafeGetTensorImpl(),
-                           std::make_shared<const DeviceSeen>(DeviceSeen{
-                               c10::weak_intrusive_ptr<c10::TensorImpl>(perm.getIntrusivePtr()),
-                               static_cast<int64_t>(perm._version()), perm.data_ptr(), prepared}));
+                           std::make_shared<const DeviceSeen>(
+                               DeviceSeen{c10::weak_intrusive_ptr<c10::TensorImpl>(perm.getIntrusivePtr()),
+                                          static_cast<int64_t>(perm._version()), perm.data_ptr(), prepared}));
   }
   return CallPerm(std::move(prepared), perm, host);
 }

@@ -30,8 +30,12 @@ void check_values(const T* perm, int64_t n, const std::string& what) {
 
 }  // namespace
 
-void check_permutation(const int64_t* perm, int64_t n, const std::string& what) { check_values(perm, n, what); }
-void check_permutation(const int32_t* perm, int64_t n, const std::string& what) { check_values(perm, n, what); }
+void check_permutation(const int64_t* perm, int64_t n, const std::string& what) {
+  check_values(perm, n, what);
+}
+void check_permutation(const int32_t* perm, int64_t n, const std::string& what) {
+  check_values(perm, n, what);
+}
 
 int64_t block_size(const int64_t* perm, int64_t n) {
   int64_t g = n;
@@ -117,7 +121,8 @@ struct Layout {
   // Counts: call for every cycle, then allocate().
   int64_t cut_moved = 0, num_short = 0;
   std::vector<int64_t> short_count;
-  Layout(RowPlan& p, int64_t ms) : plan(p), max_segment(ms), short_count(static_cast<size_t>(ms / 2 + 1), 0) {}
+  Layout(RowPlan& p, int64_t ms)
+      : plan(p), max_segment(ms), short_count(static_cast<size_t>(ms / 2 + 1), 0) {}
   void count(int64_t len) {
     plan.moved += len;
     if (len > max_segment) {
@@ -372,7 +377,10 @@ RowPlan make_row_plan(const int64_t* perm, int64_t n, int64_t max_segment, int64
   const int64_t g = block_size(perm, n);
   int64_t unit = 1;
   for (int64_t d = kMaxUnitRows; d >= 1; --d)
-    if (g % d == 0) { unit = d; break; }
+    if (g % d == 0) {
+      unit = d;
+      break;
+    }
   plan.unit_rows = unit;
   const int64_t units = n / unit;
   if (units > INT32_MAX)
@@ -395,7 +403,8 @@ ColPlan make_col_plan(const std::vector<int64_t>& perm, int64_t element_size) {
 
 ColPlan make_col_plan(const int64_t* p, int64_t n, int64_t element_size) {
   if (!col_map_fits(n, element_size))
-    throw std::invalid_argument("a row of " + std::to_string(n) + " elements of " + std::to_string(element_size) +
+    throw std::invalid_argument("a row of " + std::to_string(n) + " elements of " +
+                                std::to_string(element_size) +
                                 " bytes is over 2^31 bytes: no gather map (use the row plan)");
   ColPlan plan;
   plan.size = n;
@@ -440,7 +449,9 @@ void each_value(const RowPlan& plan, F&& f) {
     const int64_t len = plan.length(s), c = plan.cycle_length(s);
     for (int64_t k = 0; k < len; ++k) {
       const bool wraps = (k + 1) % c == 0;
-      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.word()[s]]] : pos[k + 1 - c];
+      const int64_t src = !wraps                 ? pos[k + 1]
+                          : s < plan.num_scratch ? order[first[plan.word()[s]]]
+                                                 : pos[k + 1 - c];
       for (int64_t r = 0; r < unit; ++r) f(pos[k] * unit + r, src * unit + r);
     }
   }
@@ -492,7 +503,9 @@ bool applies(const RowPlan& plan, const int64_t* perm, int64_t n) {
     for (int64_t k = 0; k < len; ++k) {
       if (first[s] + k + kAhead < plan.moved) __builtin_prefetch(perm + int64_t{pos[k + kAhead]} * unit);
       const bool wraps = (k + 1) % c == 0;
-      const int64_t src = !wraps ? pos[k + 1] : s < plan.num_scratch ? order[first[plan.word()[s]]] : pos[k + 1 - c];
+      const int64_t src = !wraps                 ? pos[k + 1]
+                          : s < plan.num_scratch ? order[first[plan.word()[s]]]
+                                                 : pos[k + 1 - c];
       for (int64_t r = 0; r < unit; ++r)
         if (perm[pos[k] * unit + r] != src * unit + r) return false;
     }
@@ -508,13 +521,15 @@ namespace {
 // would index past the end (the ops check first; gpu_launches relies on this).
 void check_shape(bool ok, const char* what, int64_t heads, int64_t head_dim) {
   if (!ok)
-    throw std::invalid_argument(std::string(what) + ": heads (" + std::to_string(heads) + ") must be positive and head_dim (" +
-                                std::to_string(head_dim) + ") a positive multiple of the layout's block");
+    throw std::invalid_argument(std::string(what) + ": heads (" + std::to_string(heads) +
+                                ") must be positive and head_dim (" + std::to_string(head_dim) +
+                                ") a positive multiple of the layout's block");
 }
 }  // namespace
 
 std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim) {
-  check_shape(num_heads > 0 && head_dim > 0 && head_dim % 16 == 0, "q_fused_permutation", num_heads, head_dim);
+  check_shape(num_heads > 0 && head_dim > 0 && head_dim % 16 == 0, "q_fused_permutation", num_heads,
+              head_dim);
   // fused[(d / 16) * (H * 16) + h * 16 + d % 16] = standard[h * D + d]
   std::vector<int64_t> perm(static_cast<size_t>(num_heads * head_dim));
   for (int64_t h = 0; h < num_heads; ++h)
@@ -524,14 +539,13 @@ std::vector<int64_t> q_fused_permutation(int64_t num_heads, int64_t head_dim) {
 }
 
 std::vector<int64_t> o_fused_permutation(int64_t heads_per_group, int64_t head_dim) {
-  check_shape(heads_per_group > 0 && head_dim > 0 && head_dim % 32 == 0, "o_fused_permutation", heads_per_group,
-              head_dim);
+  check_shape(heads_per_group > 0 && head_dim > 0 && head_dim % 32 == 0, "o_fused_permutation",
+              heads_per_group, head_dim);
   // fused[(c * G + h) * 32 + j] = standard[h * D + c * 32 + j]
   std::vector<int64_t> perm(static_cast<size_t>(heads_per_group * head_dim));
   for (int64_t h = 0; h < heads_per_group; ++h)
     for (int64_t c = 0; c < head_dim / 32; ++c)
-      for (int64_t j = 0; j < 32; ++j)
-        perm[(c * heads_per_group + h) * 32 + j] = h * head_dim + c * 32 + j;
+      for (int64_t j = 0; j < 32; ++j) perm[(c * heads_per_group + h) * 32 + j] = h * head_dim + c * 32 + j;
   return perm;
 }
 

@@ -66,7 +66,8 @@ ColPlanEntry::ColPlanEntry(ColPlan p) : plan(std::move(p)), arrays(aliased(plan.
 
 const RowPlanEntry& ColPlanEntry::units() const {
   // The model ops' permutations are short: rebuilding the values costs little.
-  std::call_once(units_once_, [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(permutation_of(plan))); });
+  std::call_once(units_once_,
+                 [&] { units_ = std::make_unique<RowPlanEntry>(make_row_plan(permutation_of(plan))); });
   return *units_;
 }
 
@@ -79,8 +80,7 @@ void keep_for_graphs(std::shared_ptr<const void> entry) {
   kept->push_back(std::move(entry));
 }
 
-std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim,
-                                                      bool inverse) {
+std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim, bool inverse) {
   return row_cache().get({num_heads, head_dim, inverse}, [&] {
     return make_row_plan(maybe_inverse(q_fused_permutation(num_heads, head_dim), inverse));
   });

@@ -52,8 +52,7 @@ struct ColPlanEntry {
 
 enum class ColKind { kQ, kO, kOChunk };
 
-std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim,
-                                                      bool inverse);
+std::shared_ptr<const RowPlanEntry> cached_q_row_plan(int64_t num_heads, int64_t head_dim, bool inverse);
 std::shared_ptr<const ColPlanEntry> cached_col_plan(ColKind kind, int64_t heads, int64_t head_dim,
                                                     int64_t element_size, bool inverse);
 // Keeps an entry alive for good: a captured CUDA graph replays kernels that

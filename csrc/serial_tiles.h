@@ -18,7 +18,9 @@ struct SerialCtx {
   int num_threads() const { return 1; }
   void sync() {}
   template <int V>
-  void stage(uint8_t* buf, const uint8_t* src) { std::memcpy(buf, src, V); }
+  void stage(uint8_t* buf, const uint8_t* src) {
+    std::memcpy(buf, src, V);
+  }
   void stage_wait() {}
 };
 

@@ -54,21 +54,47 @@ void harness_vector_access(const void* p, int bytes, bool store);  // tests/harn
 namespace flashmla_perm {
 
 // Unit of a cooperative copy: V bytes moved by one load and one store.
-template <int V> struct VecOf;
+template <int V>
+struct VecOf;
 #if defined(__CUDACC__)
-template <> struct VecOf<16> { using type = uint4; };  // 128-bit ld/st
-template <> struct VecOf<8> { using type = uint2; };
+template <>
+struct VecOf<16> {
+  using type = uint4;
+};  // 128-bit ld/st
+template <>
+struct VecOf<8> {
+  using type = uint2;
+};
 #else
-struct alignas(16) Bytes16 { uint64_t lo, hi; };
-template <> struct VecOf<16> { using type = Bytes16; };
-template <> struct VecOf<8> { using type = uint64_t; };
+struct alignas(16) Bytes16 {
+  uint64_t lo, hi;
+};
+template <>
+struct VecOf<16> {
+  using type = Bytes16;
+};
+template <>
+struct VecOf<8> {
+  using type = uint64_t;
+};
 #endif
-template <> struct VecOf<4> { using type = uint32_t; };
-template <> struct VecOf<2> { using type = uint16_t; };
-template <> struct VecOf<1> { using type = uint8_t; };
+template <>
+struct VecOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct VecOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct VecOf<1> {
+  using type = uint8_t;
+};
 
 template <class T>
-FLASHMLA_PERM_BODY T min_of(T a, T b) { return a < b ? a : b; }
+FLASHMLA_PERM_BODY T min_of(T a, T b) {
+  return a < b ? a : b;
+}
 
 // Vectors a thread of a parallel context reads before it stores them (the
 // buffer-to-memory half of a tile; its loads come from the tile buffer).
@@ -85,8 +111,8 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type load_vec(const uint8_t* p) {
 // Chunks narrower than V (the per-32-column scales: 1 byte) are assembled
 // into one vector, so the store is still V bytes wide.
 template <int V>
-FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const int32_t* offset,
-                                                      int shift, int64_t b) {
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const int32_t* offset, int shift,
+                                                      int64_t b) {
   using T = typename VecOf<V>::type;
   if ((1 << shift) >= V) return load_vec<V>(row + offset[b >> shift] + (b & ((int64_t{1} << shift) - 1)));
   T v;
@@ -102,13 +128,22 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const 
     }
   };
   if constexpr (V >= 16) {
-    if (shift == 3) { pieces(uint64_t{}); return v; }
+    if (shift == 3) {
+      pieces(uint64_t{});
+      return v;
+    }
   }
   if constexpr (V >= 8) {
-    if (shift == 2) { pieces(uint32_t{}); return v; }
+    if (shift == 2) {
+      pieces(uint32_t{});
+      return v;
+    }
   }
   if constexpr (V >= 4) {
-    if (shift == 1) { pieces(uint16_t{}); return v; }
+    if (shift == 1) {
+      pieces(uint16_t{});
+      return v;
+    }
   }
   pieces(uint8_t{});
   return v;
@@ -250,11 +285,11 @@ FLASHMLA_PERM_BODY void copy_lines_serial(uint8_t* dst, const Lines* dst_at, con
 // moves blocks of g), its other dims the lines (csrc/strided.h). Rows of a
 // contiguous tensor are one line per unit; a permuted dim of stride 1 makes
 // units of g elements, one line per index of the other dims (MN-major
-// scales, and in-place column permutations too wide for a tile buffer). Destination unit order[k] receives source unit order[k + 1]
-// inside a segment; the segment's last destination receives either its own
-// first unit (the segment is a whole cycle) or the first unit of the next
-// segment, which the save pass put into scratch. A packed segment is several
-// whole cycles of one length c, each of which wraps to its own first unit.
+// scales, and in-place column permutations too wide for a tile buffer). Destination unit order[k] receives
+// source unit order[k + 1] inside a segment; the segment's last destination receives either its own first
+// unit (the segment is a whole cycle) or the first unit of the next segment, which the save pass put into
+// scratch. A packed segment is several whole cycles of one length c, each of which wraps to its own first
+// unit.
 //
 // A tile is one (segment, line slice, byte slice). Tiles of one segment touch
 // disjoint bytes, tiles of different segments disjoint units, so no two
@@ -268,20 +303,20 @@ struct RowJob {
   const int32_t* order;   // units in cycle order, cycle after cycle
   const int32_t* first;   // per segment: first position (and one past the last segment's end)
   const int32_t* tail;    // per cut segment (< num_scratch): the slot its last destination
-                          // reads; per packed segment (< num_scratch + num_packed): its cycles' length
-  int64_t num_scratch;    // segments cut from longer cycles
-  int64_t num_packed;     // then segments of several whole short cycles; later ones: one whole cycle
-  uint8_t* scratch;       // slot s: lines x line_bytes, packed
-  int64_t slice_lines;    // lines of one tile
-  int64_t slice_bytes;    // bytes of each line of one tile
-  int64_t line_tiles;     // tiles across the lines of a unit
-  int64_t byte_tiles;     // tiles across the bytes of a line
-  int64_t step;           // positions a parallel tile stores per pass (>= its segment: one pass)
-  int64_t tiles;          // segments * line_tiles * byte_tiles
-  int64_t head_tiles;     // tiles of the save pass: scratch segments * line_tiles * byte_tiles
-  int64_t stage_bytes;    // two stages (two_stage_loop; launch.cpp set_row_two_stages): bytes from
-                          // one tile buffer to the other; 0: one stage
-  int vec;                // vector width V
+                        // reads; per packed segment (< num_scratch + num_packed): its cycles' length
+  int64_t num_scratch;  // segments cut from longer cycles
+  int64_t num_packed;  // then segments of several whole short cycles; later ones: one whole cycle
+  uint8_t* scratch;  // slot s: lines x line_bytes, packed
+  int64_t slice_lines;  // lines of one tile
+  int64_t slice_bytes;  // bytes of each line of one tile
+  int64_t line_tiles;  // tiles across the lines of a unit
+  int64_t byte_tiles;  // tiles across the bytes of a line
+  int64_t step;  // positions a parallel tile stores per pass (>= its segment: one pass)
+  int64_t tiles;  // segments * line_tiles * byte_tiles
+  int64_t head_tiles;  // tiles of the save pass: scratch segments * line_tiles * byte_tiles
+  int64_t stage_bytes;  // two stages (two_stage_loop; launch.cpp set_row_two_stages): bytes from
+                        // one tile buffer to the other; 0: one stage
+  int vec;  // vector width V
   // [0] for full slices, [1] for the last one (set_row_slices): a tile's
   // vectors a line, to split the save pass's items into lines
   // (save_segment_head); and its lines, to split the row loops' line
@@ -372,7 +407,8 @@ struct RowTile {
     tail = g.seg < p.num_scratch ? p.tail[g.seg] : -1;
     cycle = g.seg >= p.num_scratch && g.seg < p.num_scratch + p.num_packed ? p.tail[g.seg] : len;
     base = p.data + g.col;
-    scratch_src = tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
+    scratch_src =
+        tail < 0 ? nullptr : p.scratch + tail * p.lines * p.line_bytes + g.line0 * p.line_bytes + g.col;
   }
   FLASHMLA_PERM_BODY uint8_t* unit(const RowJob& p, int64_t u) const { return base + u * p.unit_stride; }
 };
@@ -387,12 +423,12 @@ struct RowTile {
 // k + 1 - cycle. The loops go line by line, one warp per line (Warp).
 struct RowPass {
   const int32_t* gp;  // the group's positions
-  uint32_t k0;        // the pass's first position in the group
-  uint32_t n;         // positions stored: k0 .. k0+n-1
-  uint32_t m;         // sources staged: k0+1 .. k0+m
-  uint32_t first;     // lowest buffer staged: 0 where the pass reads the group's first unit
-  uint32_t cyc;       // cycle length
-  uint64_t ends;      // bit k: position k is a cycle's last (segments are at most 64 units)
+  uint32_t k0;  // the pass's first position in the group
+  uint32_t n;  // positions stored: k0 .. k0+n-1
+  uint32_t m;  // sources staged: k0+1 .. k0+m
+  uint32_t first;  // lowest buffer staged: 0 where the pass reads the group's first unit
+  uint32_t cyc;  // cycle length
+  uint64_t ends;  // bit k: position k is a cycle's last (segments are at most 64 units)
 };
 
 // How the row loops deal a tile's lines to its threads: one warp per line, its
@@ -459,12 +495,13 @@ struct RowLines {
 // stores them, then moves what is left below Batch one at a time (whole
 // batches only, as store_items says why).
 template <int V, int Batch>
-FLASHMLA_PERM_BODY void copy_line(uint32_t lanes, uint32_t lane, uint8_t* dst, const uint8_t* src, uint32_t width) {
+FLASHMLA_PERM_BODY void copy_line(uint32_t lanes, uint32_t lane, uint8_t* dst, const uint8_t* src,
+                                  uint32_t width) {
   using T = typename VecOf<V>::type;
   const uint32_t stride = lanes * V;
   uint32_t c = lane * V;
   FLASHMLA_PERM_NO_UNROLL  // a line is a few batches: an unrolled copy would rarely run
-  for (; c + (Batch - 1) * stride < width; c += Batch * stride) {
+      for (; c + (Batch - 1) * stride < width; c += Batch * stride) {
     T v[Batch];
     FLASHMLA_PERM_UNROLL
     for (int u = 0; u < Batch; ++u) v[u] = load_vec<V>(src + c + u * stride);
@@ -495,7 +532,8 @@ FLASHMLA_PERM_BODY void warp_copy_line(const W& w, uint8_t* dst, const uint8_t* 
 }
 
 template <int V, class Ctx>
-FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps, uint8_t* buf) {
+FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile& t, const RowPass& ps,
+                                       uint8_t* buf) {
   const RowLines<V> rl(p, t);
   const uint32_t lines = (1 + ps.m - ps.first) * rl.nl;
   const Warp<Ctx> w(ctx, rl.per_line);
@@ -505,8 +543,9 @@ FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile&
     const uint32_t j = ps.first + jj, l = q - jj * rl.nl;
     const uint8_t* src = t.unit(p, ps.gp[j == 0 ? 0 : ps.k0 + j]) + p.line_at.offset(t.g.line0 + l);
     uint8_t* dst = buf + j * rl.buf_bytes + l * rl.width;
-    FLASHMLA_PERM_NO_UNROLL  // a line is a few trips (3 on wq_b's slices at TP1): one loop, not an unrolled one and the rest
-    for (uint32_t c = w.lane * V; c < rl.width; c += stride) ctx.template stage<V>(dst + c, src + c);
+    FLASHMLA_PERM_NO_UNROLL  // a line is a few trips (3 on wq_b's slices at TP1): one loop, not an unrolled
+                             // one and the rest
+        for (uint32_t c = w.lane * V; c < rl.width; c += stride) ctx.template stage<V>(dst + c, src + c);
   }
 }
 
@@ -557,7 +596,8 @@ FLASHMLA_PERM_BODY void row_segment_tile(Ctx& ctx, const RowJob& p, int64_t tile
     const int64_t l0 = g.line0, nl = g.nl;
     for (const int32_t* c = pos; c < pos + len; c += cycle) {
       if (tail < 0) copy_lines_serial(buf, nullptr, unit(c[0]), at, l0, nl, width);
-      for (int64_t k = 0; k + 1 < cycle; ++k) copy_lines_serial(unit(c[k]), at, unit(c[k + 1]), at, l0, nl, width);
+      for (int64_t k = 0; k + 1 < cycle; ++k)
+        copy_lines_serial(unit(c[k]), at, unit(c[k + 1]), at, l0, nl, width);
       if (tail < 0) {
         copy_lines_serial(unit(c[cycle - 1]), at, buf, nullptr, l0, nl, width);
       } else {
@@ -647,25 +687,25 @@ FLASHMLA_PERM_BODY void row_segment_half(Ctx& ctx, const RowJob& p, int64_t tile
 struct ColJob {
   const uint8_t* src;
   uint8_t* dst;
-  Lines src_rows;                // where row r starts
+  Lines src_rows;  // where row r starts
   Lines dst_rows;
   int64_t rows;
-  int64_t row_bytes;             // logical bytes of a row
-  int64_t run;                   // contiguous bytes (divides row_bytes)
-  int64_t run_pitch;             // bytes from one run to the next
-  FastDiv run_div;               // by run (set_col_items; parallel tiles of short runs)
+  int64_t row_bytes;  // logical bytes of a row
+  int64_t run;  // contiguous bytes (divides row_bytes)
+  int64_t run_pitch;  // bytes from one run to the next
+  FastDiv run_div;  // by run (set_col_items; parallel tiles of short runs)
   const int32_t* source_offset;  // per destination chunk of a row: source byte offset
-  int chunk_shift;               // log2(chunk bytes)
-  int staged;                    // 1: whole rows staged; 0: direct
-  int64_t tile_rows;             // rows of one tile
-  int64_t buf_pitch;             // staged: bytes from one row of the tile buffer to the next
-  int64_t slice_bytes;           // direct: destination bytes of each row of one tile
-  int64_t row_tiles;             // direct: tiles across a row
-  FastDiv row_tiles_div;         // direct: by row_tiles (set_col_items; a direct job has under 2^31 tiles)
-  int64_t stage_bytes;           // two stages (two_stage_loop; set_two_stages): bytes from one tile
-                                 // buffer to the other; 0: one stage
+  int chunk_shift;  // log2(chunk bytes)
+  int staged;  // 1: whole rows staged; 0: direct
+  int64_t tile_rows;  // rows of one tile
+  int64_t buf_pitch;  // staged: bytes from one row of the tile buffer to the next
+  int64_t slice_bytes;  // direct: destination bytes of each row of one tile
+  int64_t row_tiles;  // direct: tiles across a row
+  FastDiv row_tiles_div;  // direct: by row_tiles (set_col_items; a direct job has under 2^31 tiles)
+  int64_t stage_bytes;  // two stages (two_stage_loop; set_two_stages): bytes from one tile
+                        // buffer to the other; 0: one stage
   int64_t tiles;
-  int vec;                       // vector width V
+  int vec;  // vector width V
   // Parallel tiles split item i into (row, vector) with one FastDiv, set up
   // on the host (launch.cpp set_col_items): by the vectors of a row (direct
   // tiles: of a slice), or by the tile's rows (rows-fastest staged tiles;
@@ -765,7 +805,8 @@ FLASHMLA_PERM_BODY void col_gathered_stage(Ctx& ctx, const ColJob& p, const Gath
 }
 
 template <int V, class Ctx>
-FLASHMLA_PERM_BODY void col_gathered_store(Ctx& ctx, const ColJob& p, const GatheredSlice& g, const uint8_t* buf) {
+FLASHMLA_PERM_BODY void col_gathered_store(Ctx& ctx, const ColJob& p, const GatheredSlice& g,
+                                           const uint8_t* buf) {
   store_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
     const uint32_t r = g.div.div(i);
     d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
@@ -789,8 +830,8 @@ FLASHMLA_PERM_BODY void col_gathered_slice(Ctx& ctx, const ColJob& p, const Gath
 template <int V>
 FLASHMLA_PERM_BODY GatheredSlice staged_slice(const ColJob& p, int64_t tile) {
   const int64_t r0 = tile * p.tile_rows;
-  return {r0, static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0)), 0, static_cast<uint32_t>(p.row_bytes / V),
-          p.items_div[0]};
+  return {r0, static_cast<uint32_t>(min_of(p.tile_rows, p.rows - r0)), 0,
+          static_cast<uint32_t>(p.row_bytes / V), p.items_div[0]};
 }
 
 template <int V, class Ctx>

@@ -38,14 +38,22 @@ def data_sheet(name):
 def card_figures(name, sms, smem_per_sm, l2_bytes, total_bytes, sm_clock_khz=0, mem_clock_khz=0, bus_bits=0):
     """One card's figures from what the runtime reports (clocks 0 where it
     has none). Pure, so a test can feed it any card."""
-    fig = {"name": name, "sms": sms, "smem_per_sm_kib": smem_per_sm // 1024,
-           "l2_mib": round(l2_bytes / 2**20, 1), "total_gib": round(total_bytes / 2**30, 1)}
+    fig = {
+        "name": name,
+        "sms": sms,
+        "smem_per_sm_kib": smem_per_sm // 1024,
+        "l2_mib": round(l2_bytes / 2**20, 1),
+        "total_gib": round(total_bytes / 2**30, 1),
+    }
     # DDR: two transfers a memory clock, bus_bits / 8 bytes each.
     runtime_peak = 2 * mem_clock_khz * 1e3 * bus_bits / 8 / 1e12 if mem_clock_khz and bus_bits else None
     if runtime_peak:
         fig["runtime_peak_tbps"] = round(runtime_peak, 3)
-    runtime = {"clock_ghz": round(sm_clock_khz / 1e6, 3) if sm_clock_khz else None,
-               "peak_tbps": fig.get("runtime_peak_tbps"), "source": "runtime"}
+    runtime = {
+        "clock_ghz": round(sm_clock_khz / 1e6, 3) if sm_clock_khz else None,
+        "peak_tbps": fig.get("runtime_peak_tbps"),
+        "source": "runtime",
+    }
     sheet = data_sheet(name)
     if sheet is None:
         fig.update(runtime)
@@ -60,8 +68,13 @@ def card_figures(name, sms, smem_per_sm, l2_bytes, total_bytes, sm_clock_khz=0, 
     return fig
 
 
-REQUIRED_PROPERTIES = ("name", "multi_processor_count", "shared_memory_per_multiprocessor", "L2_cache_size",
-                       "total_memory")
+REQUIRED_PROPERTIES = (
+    "name",
+    "multi_processor_count",
+    "shared_memory_per_multiprocessor",
+    "L2_cache_size",
+    "total_memory",
+)
 OPTIONAL_PROPERTIES = ("clock_rate", "memory_clock_rate", "memory_bus_width")  # card_figures' order
 
 
@@ -75,8 +88,9 @@ def cuda_card(index=0):
         p = torch.cuda.get_device_properties(index)
     # The clocks and the bus width are newer than torch 2.9: 0 where this torch has none.
     clocks = [getattr(p, a, 0) for a in OPTIONAL_PROPERTIES]
-    return card_figures(p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor, p.L2_cache_size,
-                        p.total_memory, *clocks)
+    return card_figures(
+        p.name, p.multi_processor_count, p.shared_memory_per_multiprocessor, p.L2_cache_size, p.total_memory, *clocks
+    )
 
 
 def record_cuda_card(info, index=0):

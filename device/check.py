@@ -23,8 +23,21 @@ import crash_probe  # noqa: E402  (no torch at import)
 
 BUDGET_S = 480
 # Step timeouts (s) on a GPU machine, in run order; dry mode: 3x.
-TIMEOUTS = {"gpu": 10, "build": 85, "probe": 45, "bench": 55, "sweep": 50, "tests": 65, "runtime": 25,
-            "nvrtc": 60, "ptxas": 5, "ncu": 25, "memcheck": 20, "racecheck": 20, "model": 15}  # 480 in all
+TIMEOUTS = {
+    "gpu": 10,
+    "build": 85,
+    "probe": 45,
+    "bench": 55,
+    "sweep": 50,
+    "tests": 65,
+    "runtime": 25,
+    "nvrtc": 60,
+    "ptxas": 5,
+    "ncu": 25,
+    "memcheck": 20,
+    "racecheck": 20,
+    "model": 15,
+}  # 480 in all
 BENCH_BASELINES = ("inplace", "outofplace", "copy_1buf")  # bench_load_time.py's BASELINES
 # The sweep's launch plans (label, the executor's environment, kinds), each
 # timed in a benchmark process of its own beside the copy.
@@ -38,10 +51,13 @@ SWEEP = (
 )
 # The sanitizers run their cases under the default plan and each kernel's other stages.
 SANITIZE_PLANS = (("default", {}), ("other stages", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_ROW_STAGES": "1"}))
-NCU_METRICS = {"gpu__time_duration.sum": "duration_ns", "dram__throughput.avg.pct_of_peak_sustained_elapsed":
-               "dram_pct_of_peak", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "bank_conflicts",
-               "smsp__inst_executed.sum": "instructions", "sm__warps_active.avg.pct_of_peak_sustained_active":
-               "occupancy_pct"}
+NCU_METRICS = {
+    "gpu__time_duration.sum": "duration_ns",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "bank_conflicts",
+    "smsp__inst_executed.sum": "instructions",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+}
 
 
 class StepFailed(Exception):  # a step's own failure (TimeoutError: its deadline)
@@ -67,9 +83,14 @@ class Check:
         self.budget = int(env.get("FLASHMLA_PERM_GPU_CHECK_BUDGET_S") or BUDGET_S * scale)
         given = dict(p.split("=") for p in env.get("FLASHMLA_PERM_GPU_CHECK_TIMEOUTS", "").split(",") if p)
         self.timeouts = {k: int(given.get(k, v)) * scale for k, v in TIMEOUTS.items()}
-        self.env = dict(env, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FLASHMLA_PERM_EXPECT_NATIVE="1",
-                        HYPOTHESIS_STORAGE_DIRECTORY=os.path.join(self.work, "hypothesis"),
-                        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])))
+        self.env = dict(
+            env,
+            PYTHONUNBUFFERED="1",
+            PYTHONDONTWRITEBYTECODE="1",
+            FLASHMLA_PERM_EXPECT_NATIVE="1",
+            HYPOTHESIS_STORAGE_DIRECTORY=os.path.join(self.work, "hypothesis"),
+            PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])),
+        )
         self.device = "cpu" if self.dry else "cuda"
         self.arch, self.handler, self.steps, self.t0 = "", None, [], time.monotonic()
 
@@ -82,8 +103,15 @@ class Check:
         self.log.write("$ " + " ".join(argv) + "\n")
         self.log.flush()
         out = open(stdout, "w") if stdout else self.log
-        proc = subprocess.Popen(argv, cwd=ROOT, env=dict(self.env, **(env or {})), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=self.log, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=dict(self.env, **(env or {})),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=self.log,
+            start_new_session=True,
+        )
         try:
             rc = proc.wait(timeout=max(self.deadline - time.monotonic(), 0.1))
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:  # its own session: kill it with us
@@ -109,31 +137,65 @@ class Check:
         self.arch = load_json(self.path("gpu.json")).get("arch", "")
 
     def step_build(self):
-        if self.dry and self.python("-c", "import flashmla_perm as f; assert f.build_info()['native']",
-                                    check=False) == 0:
+        if (
+            self.dry
+            and self.python("-c", "import flashmla_perm as f; assert f.build_info()['native']", check=False) == 0
+        ):
             self.log.write("dry: the native CPU module built in place is reused\n")
         else:
-            env = {"FLASHMLA_PERM_CUDA": "0"} if self.dry else {"FLASHMLA_PERM_CUDA": "1",
-                                                                "TORCH_CUDA_ARCH_LIST": self.arch}
+            env = (
+                {"FLASHMLA_PERM_CUDA": "0"}
+                if self.dry
+                else {"FLASHMLA_PERM_CUDA": "1", "TORCH_CUDA_ARCH_LIST": self.arch}
+            )
             shutil.rmtree(self.work, ignore_errors=True)  # from nothing: the log holds every kernel's ptxas lines
-            self.python("setup.py", "build_ext", "--inplace", "--build-temp", os.path.join(self.work, "temp"),
-                        "--build-lib", os.path.join(self.work, "lib"), env=dict(env, MAX_JOBS=str(os.cpu_count())))
-        self.python("-c", "import json, sys, flashmla_perm as f; i = f.build_info(); print('BUILD_INFO', json.dumps(i));"
-                    f" sys.exit(not i['native'] or i['cuda'] != {not self.dry})")
+            self.python(
+                "setup.py",
+                "build_ext",
+                "--inplace",
+                "--build-temp",
+                os.path.join(self.work, "temp"),
+                "--build-lib",
+                os.path.join(self.work, "lib"),
+                env=dict(env, MAX_JOBS=str(os.cpu_count())),
+            )
+        self.python(
+            "-c",
+            "import json, sys, flashmla_perm as f; i = f.build_info(); print('BUILD_INFO', json.dumps(i));"
+            f" sys.exit(not i['native'] or i['cuda'] != {not self.dry})",
+        )
         self.handler = crash_probe.build_handler(self.out)  # preloaded into the test steps
 
     def step_probe(self):
-        self.python("device/crash_probe.py", "--device", self.device, "--out", self.out, "--timeout",
-                    str(self.timeouts["probe"] - 5))
+        self.python(
+            "device/crash_probe.py",
+            "--device",
+            self.device,
+            "--out",
+            self.out,
+            "--timeout",
+            str(self.timeouts["probe"] - 5),
+        )
 
     def bench(self, *args, env=None, check=True):
         quick = ["--layers", "2", "--reps", "1", "--tokens", "256"] if self.dry else ["--reps", "5"]
-        return self.python("bench/bench_load_time.py", "--devices", self.device, "--no-memory", *quick, *args,
-                           env=env, check=check)
+        return self.python(
+            "bench/bench_load_time.py", "--devices", self.device, "--no-memory", *quick, *args, env=env, check=check
+        )
 
     def step_bench(self):
-        self.bench("--tp", "1", "2", "4", "8", "--kernel-times", "--json", self.path("bench.json"),
-                   "--backends", ",".join(("reference", "native", *BENCH_BASELINES)))
+        self.bench(
+            "--tp",
+            "1",
+            "2",
+            "4",
+            "8",
+            "--kernel-times",
+            "--json",
+            self.path("bench.json"),
+            "--backends",
+            ",".join(("reference", "native", *BENCH_BASELINES)),
+        )
 
     def step_sweep(self):
         sweep, failed = {}, []
@@ -141,9 +203,14 @@ class Check:
             out = self.path(f"sweep_{label}.json")
             rc = self.bench("--tp", "1", "--kinds", kinds, "--backends", "native", "--json", out, env=env, check=False)
             rows = (load_json(out) or {}).get("rows", [])
-            sweep[label] = {"env": env, "exit_status": rc, "rows": {
-                f"{r['kind']} {r['backend']}": {k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")}
-                for r in rows}}
+            sweep[label] = {
+                "env": env,
+                "exit_status": rc,
+                "rows": {
+                    f"{r['kind']} {r['backend']}": {k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")}
+                    for r in rows
+                },
+            }
             failed += [label] if rc else []
             write_json(self.path("sweep.json"), sweep)
         if failed:
@@ -153,16 +220,33 @@ class Check:
         # The crash handler in every test process: a crash leaves its record in the log.
         env = dict(crash_probe.handler_env(self.handler, self.env) if self.handler else {}, **(env or {}))
         env.update({} if self.dry else {"FLASHMLA_PERM_EXPECT_CUDA": "1"})
-        rc = self.python("-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", "-v",
-                         *(["-p", "crash_probe"] if self.handler else []), f"--junitxml={self.path(name + '.xml')}",
-                         *args, env=env, check=False)
+        rc = self.python(
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "faulthandler_timeout=60",
+            "-rfEs",
+            "-v",
+            *(["-p", "crash_probe"] if self.handler else []),
+            f"--junitxml={self.path(name + '.xml')}",
+            *args,
+            env=env,
+            check=False,
+        )
         if rc:
             raise StepFailed(f"pytest exited {rc}")
 
     def step_tests(self):
-        workers = ["-n", str(min(4, os.cpu_count() or 1))] if self.python("-c", "import xdist", check=False) == 0 else []
-        where = ["tests/test_ops.py", "tests/test_flashmla.py"] if self.dry else [
-            "tests", "--ignore=tests/test_cuda_runtime.py"]
+        workers = (
+            ["-n", str(min(4, os.cpu_count() or 1))] if self.python("-c", "import xdist", check=False) == 0 else []
+        )
+        where = (
+            ["tests/test_ops.py", "tests/test_flashmla.py"]
+            if self.dry
+            else ["tests", "--ignore=tests/test_cuda_runtime.py"]
+        )
         self.pytest("tests", *workers, *where, "-k", f"{self.device} and not 2_31")
 
     def step_runtime(self):
@@ -177,8 +261,17 @@ class Check:
         if not self.dry:
             for use in ("first_use", "cached"):
                 self.python("-c", NVRTC_USE, use, env=env)
-            self.bench("--tp", "1", "--kinds", "wq_b,wo_a", "--backends", "native", "--json",
-                       self.path("nvrtc_bench.json"), env=env)
+            self.bench(
+                "--tp",
+                "1",
+                "--kinds",
+                "wq_b,wo_a",
+                "--backends",
+                "native",
+                "--json",
+                self.path("nvrtc_bench.json"),
+                env=env,
+            )
         self.pytest("nvrtc", "tests/test_nvrtc.py", "-k", "not every_kernel", **({} if self.dry else {"env": env}))
 
     def step_ptxas(self):  # dry: no CUDA build, nothing to gate
@@ -192,15 +285,37 @@ class Check:
             raise StepFailed("ncu not found")
         for kind in ("wq_b", "wo_a"):
             report = self.path(f"ncu_{kind}")
-            tool = [] if self.dry else [ncu, "--target-processes", "all", "--clock-control", "none", "--kernel-name-base",
-                                        "mangled", "--kernel-name", "regex:flashmla_perm", "--metrics",
-                                        ",".join(NCU_METRICS), "--export", report, "--force-overwrite"]
-            if self.run([*tool, self.py, "device/ncu_case.py", kind, "--device", self.device, "--json", report + ".json"],
-                        check=False):
+            tool = (
+                []
+                if self.dry
+                else [
+                    ncu,
+                    "--target-processes",
+                    "all",
+                    "--clock-control",
+                    "none",
+                    "--kernel-name-base",
+                    "mangled",
+                    "--kernel-name",
+                    "regex:flashmla_perm",
+                    "--metrics",
+                    ",".join(NCU_METRICS),
+                    "--export",
+                    report,
+                    "--force-overwrite",
+                ]
+            )
+            if self.run(
+                [*tool, self.py, "device/ncu_case.py", kind, "--device", self.device, "--json", report + ".json"],
+                check=False,
+            ):
                 wrong.append(kind)
             if not self.dry:
-                self.run([ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
-                         stdout=report + ".csv", check=False)
+                self.run(
+                    [ncu, "--import", report + ".ncu-rep", "--csv", "--page", "details", "--print-units", "base"],
+                    stdout=report + ".csv",
+                    check=False,
+                )
         if wrong:
             raise StepFailed(f"ncu or the case failed for {', '.join(wrong)}")
 
@@ -210,10 +325,24 @@ class Check:
             raise StepFailed("compute-sanitizer not found")
         for label, plan in SANITIZE_PLANS:
             self.log.write(f"plan: {label}\n")
-            tool_argv = [] if self.dry else [sanitizer, "--tool", tool, "--kernel-name", "kns=flashmla_perm",
-                                             "--error-exitcode", "9", "--print-limit", "20"]
-            if self.run([*tool_argv, self.py, "device/sanitizer_case.py", self.device], env={**(env or {}), **plan},
-                        check=False):
+            tool_argv = (
+                []
+                if self.dry
+                else [
+                    sanitizer,
+                    "--tool",
+                    tool,
+                    "--kernel-name",
+                    "kns=flashmla_perm",
+                    "--error-exitcode",
+                    "9",
+                    "--print-limit",
+                    "20",
+                ]
+            )
+            if self.run(
+                [*tool_argv, self.py, "device/sanitizer_case.py", self.device], env={**(env or {}), **plan}, check=False
+            ):
                 failed.append(label)
         if failed:
             raise StepFailed("plans failed: " + ", ".join(failed))
@@ -227,15 +356,33 @@ class Check:
     def step_model(self):
         cuobjdump, so = find_tool("cuobjdump"), glob.glob(os.path.join(ROOT, "flashmla_perm", "_C*.so"))
         if cuobjdump and so and self.arch and not self.dry:  # this build's instruction counts
-            self.run([cuobjdump, "-sass", "-arch", "sm_" + self.arch.split(";")[-1].replace(".", ""), so[0]],
-                     stdout=self.path("sass.txt"), check=False)
-        usable = {"sass.txt": "Function" in read_text(self.path("sass.txt")),
-                  "gpu.json": "card" in (load_json(self.path("gpu.json")) or {}),
-                  "build.log": "ptxas info" in read_text(self.path("build.log"))}
-        self.python("device/model.py", "--json", self.path("model.json"), *[
-            x for flag, name in (("--card", "gpu.json"), ("--ptxas-log", "build.log"), ("--sass", "sass.txt"),
-                                 ("--measured", "bench.json"), ("--sweep", "sweep.json"))
-            if os.path.exists(self.path(name)) and usable.get(name, True) for x in (flag, self.path(name))])
+            self.run(
+                [cuobjdump, "-sass", "-arch", "sm_" + self.arch.split(";")[-1].replace(".", ""), so[0]],
+                stdout=self.path("sass.txt"),
+                check=False,
+            )
+        usable = {
+            "sass.txt": "Function" in read_text(self.path("sass.txt")),
+            "gpu.json": "card" in (load_json(self.path("gpu.json")) or {}),
+            "build.log": "ptxas info" in read_text(self.path("build.log")),
+        }
+        self.python(
+            "device/model.py",
+            "--json",
+            self.path("model.json"),
+            *[
+                x
+                for flag, name in (
+                    ("--card", "gpu.json"),
+                    ("--ptxas-log", "build.log"),
+                    ("--sass", "sass.txt"),
+                    ("--measured", "bench.json"),
+                    ("--sweep", "sweep.json"),
+                )
+                if os.path.exists(self.path(name)) and usable.get(name, True)
+                for x in (flag, self.path(name))
+            ],
+        )
 
     # ---------------------------------------------------------------- figures
 
@@ -248,62 +395,120 @@ class Check:
             return {**(json.loads(m.group(1)) if m else {}), "reused": "reused" in log}
         if name == "probe":
             doc = load_json(self.path("probe.json")) or {}
-            return {"environment": doc.get("environment"), "cases": {
-                r["case"]: {k: r.get(k) for k in ("ok", "rc", "signal", "raised", "message", "summary") if r.get(k)}
-                | ({"handler": {k: v for k, v in r["handler"].items() if k != "frames"}} if r.get("handler") else {})
-                for r in doc.get("cases", [])}}
+            return {
+                "environment": doc.get("environment"),
+                "cases": {
+                    r["case"]: {k: r.get(k) for k in ("ok", "rc", "signal", "raised", "message", "summary") if r.get(k)}
+                    | (
+                        {"handler": {k: v for k, v in r["handler"].items() if k != "frames"}}
+                        if r.get("handler")
+                        else {}
+                    )
+                    for r in doc.get("cases", [])
+                },
+            }
         if name == "bench":
             doc = load_json(self.path("bench.json")) or {}
-            return {"card": doc.get("card"), "wrong": doc.get("wrong", []), "rows": {
-                f"{r['kind']} tp{r['tp']} {r['backend']}": {"device_ms_per_layer": r["device_ms_per_layer"],
-                                                            "x_copy_device": r["x_copy_device"]}
-                for r in doc.get("rows", [])}}
+            return {
+                "card": doc.get("card"),
+                "wrong": doc.get("wrong", []),
+                "rows": {
+                    f"{r['kind']} tp{r['tp']} {r['backend']}": {
+                        "device_ms_per_layer": r["device_ms_per_layer"],
+                        "x_copy_device": r["x_copy_device"],
+                    }
+                    for r in doc.get("rows", [])
+                },
+            }
         if name == "sweep":
             return load_json(self.path("sweep.json")) or {}
         if name in ("tests", "runtime"):
-            return {**junit(self.path(f"{name}.xml")), "crashed": sorted(set(re.findall(
-                r"worker '\w+' crashed while running '([^']+)'", log))), "handler": crash_probe.handler_record(log)}
+            return {
+                **junit(self.path(f"{name}.xml")),
+                "crashed": sorted(set(re.findall(r"worker '\w+' crashed while running '([^']+)'", log))),
+                "handler": crash_probe.handler_record(log),
+            }
         if name == "nvrtc":
             doc = load_json(self.path("nvrtc_bench.json")) or {}
-            return {"seconds": {m[0]: float(m[1]) for m in re.findall(r"^NVRTC_(\w+)_S ([\d.]+)$", log, re.M)},
-                    **junit(self.path("nvrtc.xml")), "rows": {f"{r['kind']} tp{r['tp']}": {
-                        k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")} for r in doc.get("rows", [])}}
+            return {
+                "seconds": {m[0]: float(m[1]) for m in re.findall(r"^NVRTC_(\w+)_S ([\d.]+)$", log, re.M)},
+                **junit(self.path("nvrtc.xml")),
+                "rows": {
+                    f"{r['kind']} tp{r['tp']}": {k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")}
+                    for r in doc.get("rows", [])
+                },
+            }
         if name == "ptxas":
             ks = load_json(self.path("ptxas.json")) or []
-            return {"kernels": len(ks), "max_registers": max((k.get("registers", 0) for k in ks), default=None),
-                    "spill_bytes": sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in ks)}
+            return {
+                "kernels": len(ks),
+                "max_registers": max((k.get("registers", 0) for k in ks), default=None),
+                "spill_bytes": sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in ks),
+            }
         if name == "ncu":
-            return {kind: ncu_figures(self.path(f"ncu_{kind}.csv"), load_json(self.path(f"ncu_{kind}.json")))
-                    for kind in ("wq_b", "wo_a")}
+            return {
+                kind: ncu_figures(self.path(f"ncu_{kind}.csv"), load_json(self.path(f"ncu_{kind}.json")))
+                for kind in ("wq_b", "wo_a")
+            }
         if name in ("memcheck", "racecheck"):
             parts = re.split(r"^plan: (.*)$", log, flags=re.M)
-            return {label: {"errors": [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", body)],
-                            "cases": re.findall(r"sanitizer cases on \S+: (\d+/\d+) OK", body)}
-                    for label, body in zip(parts[1::2], parts[2::2])}
+            return {
+                label: {
+                    "errors": [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", body)],
+                    "cases": re.findall(r"sanitizer cases on \S+: (\d+/\d+) OK", body),
+                }
+                for label, body in zip(parts[1::2], parts[2::2])
+            }
         if name == "model":
             doc = load_json(self.path("model.json")) or {}
-            return {"card": (doc.get("card") or {}).get("name"), "tp1": {
-                r["op"]: {k: r.get(k) for k in ("x_copy_predicted", "x_copy_measured")}
-                for r in doc.get("records", []) if r["tp"] == 1}, "sweep": doc.get("sweep")}
+            return {
+                "card": (doc.get("card") or {}).get("name"),
+                "tp1": {
+                    r["op"]: {k: r.get(k) for k in ("x_copy_predicted", "x_copy_measured")}
+                    for r in doc.get("records", [])
+                    if r["tp"] == 1
+                },
+                "sweep": doc.get("sweep"),
+            }
         return {}
 
     # ---------------------------------------------------------------- the run
 
     def write(self):
         ok = all(s["status"] in ("ok", "running") for s in self.steps)
-        write_json(self.path("gpu_check.json"), {"ok": ok, "dry": self.dry, "python": self.py, "budget_s": self.budget,
-                                                 "elapsed_s": round(time.monotonic() - self.t0), "steps": self.steps})
+        write_json(
+            self.path("gpu_check.json"),
+            {
+                "ok": ok,
+                "dry": self.dry,
+                "python": self.py,
+                "budget_s": self.budget,
+                "elapsed_s": round(time.monotonic() - self.t0),
+                "steps": self.steps,
+            },
+        )
 
     def step(self, name, blocked=None):
         left = self.budget - (time.monotonic() - self.t0)
-        entry = {"name": name, "status": "running", "timeout_s": int(min(self.timeouts[name], left)),
-                 "log": self.path(f"{name}.log")}
+        entry = {
+            "name": name,
+            "status": "running",
+            "timeout_s": int(min(self.timeouts[name], left)),
+            "log": self.path(f"{name}.log"),
+        }
         if blocked or left < 5:
             entry.update(status="skipped", note=blocked or "no time left in the budget")
         self.steps.append(entry)
         self.write()
-        print(f"== [{name}] " + (f"skipped: {entry['note']}" if blocked or left < 5
-                                 else f"timeout {entry['timeout_s']}s, log {entry['log']}"), flush=True)
+        print(
+            f"== [{name}] "
+            + (
+                f"skipped: {entry['note']}"
+                if blocked or left < 5
+                else f"timeout {entry['timeout_s']}s, log {entry['log']}"
+            ),
+            flush=True,
+        )
         if entry["status"] == "skipped":
             return False
         start, self.deadline = time.monotonic(), time.monotonic() + entry["timeout_s"]
@@ -402,8 +607,11 @@ def junit(path):
     except (OSError, ET.ParseError):
         return {}
     n = {k: sum(int(s.get(k, 0)) for s in root.iter("testsuite")) for k in ("tests", "failures", "errors", "skipped")}
-    n["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in root.iter("testcase")
-                   if c.find("failure") is not None or c.find("error") is not None][:20]
+    n["failed"] = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for c in root.iter("testcase")
+        if c.find("failure") is not None or c.find("error") is not None
+    ][:20]
     return n
 
 
@@ -414,17 +622,25 @@ def ncu_figures(csv_path, case):
     for row in csv.DictReader(line for line in read_text(csv_path).splitlines() if line.startswith('"')):
         if row.get("Metric Name") in NCU_METRICS:
             launches.setdefault(row["ID"], {})[NCU_METRICS[row["Metric Name"]]] = float(
-                row["Metric Value"].replace(",", ""))
+                row["Metric Value"].replace(",", "")
+            )
     f = {"case": case}
     if launches:
         ns = sum(launch.get("duration_ns", 0) for launch in launches.values())
-        f.update(launches=len(launches), duration_us=round(ns / 1e3, 2), **{
-            k: round(sum(launch.get(k, 0) * launch.get("duration_ns", 0) for launch in launches.values()) / ns, 1)
-            for k in ("dram_pct_of_peak", "occupancy_pct") if ns},
-            bank_conflicts=sum(launch.get("bank_conflicts", 0) for launch in launches.values()))
+        f.update(
+            launches=len(launches),
+            duration_us=round(ns / 1e3, 2),
+            **{
+                k: round(sum(launch.get(k, 0) * launch.get("duration_ns", 0) for launch in launches.values()) / ns, 1)
+                for k in ("dram_pct_of_peak", "occupancy_pct")
+                if ns
+            },
+            bank_conflicts=sum(launch.get("bank_conflicts", 0) for launch in launches.values()),
+        )
         if case and case.get("bytes_moved"):
-            f["instructions_per_byte"] = round(sum(launch.get("instructions", 0) for launch in launches.values())
-                                               / case["bytes_moved"], 4)
+            f["instructions_per_byte"] = round(
+                sum(launch.get("instructions", 0) for launch in launches.values()) / case["bytes_moved"], 4
+            )
     return f
 
 

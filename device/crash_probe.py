@@ -77,6 +77,7 @@ def install():
     """The handler installed again, after torch's imports and Python's
     faulthandler (so that it sees the fault first, then hands it on)."""
     import ctypes
+
     if os.environ.get("CRASH_HANDLER_SO"):
         ctypes.CDLL(os.environ["CRASH_HANDLER_SO"]).crash_handler_install()
 
@@ -91,6 +92,7 @@ def run_case(name, device):
     import faulthandler
 
     import torch  # noqa: F401
+
     faulthandler.enable()
     install()
     try:
@@ -105,14 +107,22 @@ def build_handler(work):
     """device/crash_handler.c as a shared object; None without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     out = os.path.join(work, "crash_handler.so")
-    if cc and subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, os.path.join(ROOT, "device", "crash_handler.c")],
-                             capture_output=True).returncode == 0:
+    if (
+        cc
+        and subprocess.run(
+            [cc, "-shared", "-fPIC", "-O1", "-o", out, os.path.join(ROOT, "device", "crash_handler.c")],
+            capture_output=True,
+        ).returncode
+        == 0
+    ):
         return out
     return None
 
 
-HEADER = re.compile(r"crash_handler: signal (\d+) si_code (-?\d+) si_addr (0x[0-9a-f]+) pc (0x[0-9a-f]+) "
-                    r"sp (0x[0-9a-f]+)")
+HEADER = re.compile(
+    r"crash_handler: signal (\d+) si_code (-?\d+) si_addr (0x[0-9a-f]+) pc (0x[0-9a-f]+) "
+    r"sp (0x[0-9a-f]+)"
+)
 
 
 def handler_record(stderr):
@@ -122,14 +132,30 @@ def handler_record(stderr):
     if not m:
         return None
     sig, code, addr, pc, sp = m.groups()
-    rest = stderr[m.end():]
+    rest = stderr[m.end() :]
     maps = rest.split("crash_handler: maps\n", 1)[-1].split("crash_handler: backtrace", 1)[0].splitlines()
-    where = next((line for line in maps if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line)
-                  and int(line.split("-")[0], 16) <= int(pc, 16) < int(line.split()[0].split("-")[1], 16)), None)
+    where = next(
+        (
+            line
+            for line in maps
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line)
+            and int(line.split("-")[0], 16) <= int(pc, 16) < int(line.split()[0].split("-")[1], 16)
+        ),
+        None,
+    )
     frames = rest.partition("crash_handler: backtrace\n")[2].split("crash_handler: end")[0].splitlines()
-    return {"signal": int(sig), "signal_name": signal.Signals(int(sig)).name, "si_code": int(code), "si_addr": addr,
-            "pc": pc, "sp": sp, "pc_in": where, "maps_lines": len(maps), "frames": frames,
-            "backtrace_ended": "crash_handler: end" in rest}
+    return {
+        "signal": int(sig),
+        "signal_name": signal.Signals(int(sig)).name,
+        "si_code": int(code),
+        "si_addr": addr,
+        "pc": pc,
+        "sp": sp,
+        "pc_in": where,
+        "maps_lines": len(maps),
+        "frames": frames,
+        "backtrace_ended": "crash_handler: end" in rest,
+    }
 
 
 def ended(argv, handler, env=None, timeout=40):
@@ -138,18 +164,24 @@ def ended(argv, handler, env=None, timeout=40):
     if handler:
         env.update(handler_env(handler, env))
     try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace", timeout=timeout,
-                              cwd=ROOT)
+        done = subprocess.run(
+            argv, env=env, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=ROOT
+        )
         return done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
-        return "timeout", *(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        return "timeout", *(
+            x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)
+        )
 
 
 def handler_env(handler, env):
     """The variables that load the handler into a process and its pytest
     (-p crash_probe: device/ on PYTHONPATH)."""
-    return {"CRASH_HANDLER_SO": handler, "LD_PRELOAD": " ".join(filter(None, [handler, env.get("LD_PRELOAD")])),
-            "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(ROOT, "device"), env.get("PYTHONPATH")]))}
+    return {
+        "CRASH_HANDLER_SO": handler,
+        "LD_PRELOAD": " ".join(filter(None, [handler, env.get("LD_PRELOAD")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(ROOT, "device"), env.get("PYTHONPATH")])),
+    }
 
 
 def judge(name, expected, rc, out, err):
@@ -170,8 +202,9 @@ def judge(name, expected, rc, out, err):
         record["ok"] = record["raised"] is None
     else:
         kinds, pattern = expected
-        record["ok"] = bool(record["raised"] and re.fullmatch(kinds, record["raised"])
-                            and re.search(pattern, record["message"]))
+        record["ok"] = bool(
+            record["raised"] and re.fullmatch(kinds, record["raised"]) and re.search(pattern, record["message"])
+        )
     if not record["ok"]:
         record["stderr_tail"] = err.split("crash_handler: maps")[0].strip().splitlines()[-12:]
     return record
@@ -180,25 +213,47 @@ def judge(name, expected, rc, out, err):
 def environment():
     """Kernel, compiler, C library, torch and its CUDA (read from torch/version.py,
     no import), the driver, and the variables that steer them."""
+
     def first_line(argv):
         try:
             return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
         except (OSError, subprocess.TimeoutExpired):
             return None
+
     spec = importlib.util.find_spec("torch")
     version = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read() if spec else ""
-    return {"uname": " ".join(platform.uname()), "python": sys.version.split()[0],
-            "compiler": first_line([shutil.which("cc") or "cc", "--version"]),
-            "libc": " ".join(platform.libc_ver()), "torch_cuda": None, **{"torch_" + k.strip("_"): v for k, v in re.findall(
-                r"^(__version__|cuda|git_version)\s*(?::\s*\S+)?\s*=\s*'([^']*)'", version, re.M)},
-            "driver": first_line(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]),
-            "variables": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("TORCH_", "CUDA_", "NCCL_", "LD_"))}}
+    return {
+        "uname": " ".join(platform.uname()),
+        "python": sys.version.split()[0],
+        "compiler": first_line([shutil.which("cc") or "cc", "--version"]),
+        "libc": " ".join(platform.libc_ver()),
+        "torch_cuda": None,
+        **{
+            "torch_" + k.strip("_"): v
+            for k, v in re.findall(r"^(__version__|cuda|git_version)\s*(?::\s*\S+)?\s*=\s*'([^']*)'", version, re.M)
+        },
+        "driver": first_line(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]),
+        "variables": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("TORCH_", "CUDA_", "NCCL_", "LD_"))},
+    }
 
 
 def case_argv(name, device, handler):
     if CASES[name][1] == "pytest":  # the suite's collection, then the test that crashed first
-        return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs",
-                "-v", *(["-p", "crash_probe"] if handler else []), "tests", "-k", f"{CRASHED_TEST} and {device}"]
+        return [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "faulthandler_timeout=60",
+            "-rfEs",
+            "-v",
+            *(["-p", "crash_probe"] if handler else []),
+            "tests",
+            "-k",
+            f"{CRASHED_TEST} and {device}",
+        ]
     return [sys.executable, os.path.abspath(__file__), "--case", name, "--device", device]
 
 
@@ -219,9 +274,13 @@ def probe(device, out_dir, handler, names=tuple(CASES), timeout=40):
             with open(os.path.join(out_dir, "probe.json"), "w") as f:
                 json.dump(doc, f, indent=1)
             h = r.get("handler")
-            said = (f"died of {h['signal_name']} at {h['si_addr']}, pc in {h['pc_in']}" if h else r.get("signal")
-                    or r.get("summary") or (f"raised {r['raised']}: {r['message']}" if r.get("raised")
-                                            else r.get("message", f"exit {r['rc']}")))
+            said = (
+                f"died of {h['signal_name']} at {h['si_addr']}, pc in {h['pc_in']}"
+                if h
+                else r.get("signal")
+                or r.get("summary")
+                or (f"raised {r['raised']}: {r['message']}" if r.get("raised") else r.get("message", f"exit {r['rc']}"))
+            )
             print(f"  {'OK   ' if r['ok'] else 'WRONG'} {r['case']:<30} {str(said)[:140]}", flush=True)
     return doc
 
@@ -242,8 +301,10 @@ def main():
             print("NOTE no C compiler: a crash is recorded by its exit status alone")
         doc = probe(args.device, args.out, handler, timeout=args.timeout)
     bad = [r["case"] for r in doc["cases"] if not r["ok"]]
-    print(f"crash probe on {args.device}: {len(doc['cases']) - len(bad)}/{len(doc['cases'])} as expected"
-          + (f"; not: {', '.join(bad)}" if bad else ""))
+    print(
+        f"crash probe on {args.device}: {len(doc['cases']) - len(bad)}/{len(doc['cases'])} as expected"
+        + (f"; not: {', '.join(bad)}" if bad else "")
+    )
     return 1 if bad else 0
 
 

@@ -51,17 +51,30 @@ FITTED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.7
 # loops together, and a row loop's once per line (position load, address),
 # read from the sm_90 SASS of the build with row loops one warp per line:
 # (job kind, gathers in its stage loop, V) -> (per item, per line).
-PER_ITEM = {("rows", False, 16): (15.5, 113.5), ("rows", False, 8): (15.5, 123.0),
-            ("cols_staged", True, 16): (71.3, 0.0), ("cols_staged", False, 16): (161.5, 0.0),
-            ("cols_staged", False, 4): (94.5, 0.0), ("cols_direct", True, 16): (68.5, 0.0),
-            ("save_heads", False, 16): (36.0, 0.0)}
+PER_ITEM = {
+    ("rows", False, 16): (15.5, 113.5),
+    ("rows", False, 8): (15.5, 123.0),
+    ("cols_staged", True, 16): (71.3, 0.0),
+    ("cols_staged", False, 16): (161.5, 0.0),
+    ("cols_staged", False, 4): (94.5, 0.0),
+    ("cols_direct", True, 16): (68.5, 0.0),
+    ("save_heads", False, 16): (36.0, 0.0),
+}
 SASS_TOTALS = {"rows": 10192, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}  # that build's
-KERNEL_OF_SYMBOL = (("flashmla_perm_colsILb1", "cols_staged"), ("flashmla_perm_colsILb0", "cols_direct"),
-                    ("flashmla_perm_save_heads", "save_heads"), ("flashmla_perm_rows", "rows"))
+KERNEL_OF_SYMBOL = (
+    ("flashmla_perm_colsILb1", "cols_staged"),
+    ("flashmla_perm_colsILb0", "cols_direct"),
+    ("flashmla_perm_save_heads", "save_heads"),
+    ("flashmla_perm_rows", "rows"),
+)
 DEFAULT_REGS = {"rows": 71, "save_heads": 56, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
 # The executor's launch-plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
-PLAN_FIELDS = {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm", "FLASHMLA_PERM_COL_STAGES": "col_stages",
-               "FLASHMLA_PERM_ROW_STAGES": "row_stages", "FLASHMLA_PERM_TILE_BUDGET": "tile_budget"}
+PLAN_FIELDS = {
+    "FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm",
+    "FLASHMLA_PERM_COL_STAGES": "col_stages",
+    "FLASHMLA_PERM_ROW_STAGES": "row_stages",
+    "FLASHMLA_PERM_TILE_BUDGET": "tile_budget",
+}
 
 Case = namedtuple("Case", "op tp dims")
 
@@ -70,11 +83,14 @@ def cases(ops=None):
     out = []
     for tp in TPS:
         rows, heads = HEADS // tp * HEAD_DIM, HEADS // tp
-        out += [Case("wq_b", tp, [rows, Q_LORA_RANK, heads]), Case("wq_b_packed", tp, [rows, Q_LORA_RANK, heads, 32]),
-                Case("wo_a", tp, [HEADS // GROUP // tp * O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
-                Case("wv_packed", tp, [max(HEADS // GROUP // tp, 1), O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
-                Case("permute_q", tp, [TOKENS, HEADS // tp, HEAD_DIM, 2]),
-                Case("permute_q_h128", tp, [TOKENS, 2 * HEADS // tp, HEAD_DIM, 2])]
+        out += [
+            Case("wq_b", tp, [rows, Q_LORA_RANK, heads]),
+            Case("wq_b_packed", tp, [rows, Q_LORA_RANK, heads, 32]),
+            Case("wo_a", tp, [HEADS // GROUP // tp * O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
+            Case("wv_packed", tp, [max(HEADS // GROUP // tp, 1), O_LORA_RANK, GROUP * HEAD_DIM, GROUP]),
+            Case("permute_q", tp, [TOKENS, HEADS // tp, HEAD_DIM, 2]),
+            Case("permute_q_h128", tp, [TOKENS, 2 * HEADS // tp, HEAD_DIM, 2]),
+        ]
     return [c for c in out if not ops or c.op in ops]
 
 
@@ -96,11 +112,13 @@ def registers(ptxas_log=None, arch="sm_90"):
     regs = dict(DEFAULT_REGS)
     if ptxas_log:
         from ptxas_gate import parse  # scripts/ptxas_gate.py: the one reader of ptxas logs
+
         with open(ptxas_log, errors="replace") as f:
             kernels = [k for k in parse(f.read()) if k["arch"] == arch and "registers" in k]
         for name in regs:
-            regs[name] = max([k["registers"] for k in kernels if f"flashmla_perm_{name}" in k["kernel"]],
-                             default=regs[name])
+            regs[name] = max(
+                [k["registers"] for k in kernels if f"flashmla_perm_{name}" in k["kernel"]], default=regs[name]
+            )
     return regs
 
 
@@ -119,8 +137,14 @@ def sass_scale(text):
 def device_fields(fig, regs, plan=None):
     """DeviceSpec fields (csrc/launch.h) for gpu_launches: the card's, and a
     launch plan's (stages, CTA cap, tile budget) where one is given."""
-    return {"sm_count": fig["sms"], "smem_per_sm": fig["smem_per_sm_kib"] * 1024, "regs_rows": regs["rows"],
-            "regs_save_heads": regs["save_heads"], "regs_cols": regs["cols"], **(plan or {})}
+    return {
+        "sm_count": fig["sms"],
+        "smem_per_sm": fig["smem_per_sm_kib"] * 1024,
+        "regs_rows": regs["rows"],
+        "regs_save_heads": regs["save_heads"],
+        "regs_cols": regs["cols"],
+        **(plan or {}),
+    }
 
 
 def job_instructions(job, scale):
@@ -150,27 +174,47 @@ def price_launch(launch, fig, scale=None):
     tbps = min(fig["copy_tbps"], sms * in_flight * busy / fig["latency_us"] / 1e6)
     memory_us = 2 * nbytes / (tbps * 1e6)
     dram_us = 2 * nbytes / (fig["copy_tbps"] * 1e6)
-    return {"kernel": launch["kernel"], "grid": launch["grid"], "ctas_per_sm": launch["ctas_per_sm"],
-            "tiles": launch["tiles"], "stages": launch["stages"], "smem_bytes": launch["smem_bytes"],
-            "bytes_moved": 2 * nbytes, "in_flight_per_sm": round(in_flight * busy), "needed_in_flight_per_sm": round(needed),
-            "instructions_per_byte": round(instructions / (2 * nbytes), 4),
-            "bound": "issue" if issue_us > memory_us else "in flight" if tbps < fig["copy_tbps"] else "bandwidth",
-            "components_us": {"launch": fig["launch_us"], "latency": fig["latency_us"], "dram": round(dram_us, 3),
-                              "in_flight": round(memory_us - dram_us, 3),
-                              "issue": round(max(0.0, issue_us - memory_us), 3)},
-            "us": fig["launch_us"] + fig["latency_us"] + max(memory_us, issue_us)}
+    return {
+        "kernel": launch["kernel"],
+        "grid": launch["grid"],
+        "ctas_per_sm": launch["ctas_per_sm"],
+        "tiles": launch["tiles"],
+        "stages": launch["stages"],
+        "smem_bytes": launch["smem_bytes"],
+        "bytes_moved": 2 * nbytes,
+        "in_flight_per_sm": round(in_flight * busy),
+        "needed_in_flight_per_sm": round(needed),
+        "instructions_per_byte": round(instructions / (2 * nbytes), 4),
+        "bound": "issue" if issue_us > memory_us else "in flight" if tbps < fig["copy_tbps"] else "bandwidth",
+        "components_us": {
+            "launch": fig["launch_us"],
+            "latency": fig["latency_us"],
+            "dram": round(dram_us, 3),
+            "in_flight": round(memory_us - dram_us, 3),
+            "issue": round(max(0.0, issue_us - memory_us), 3),
+        },
+        "us": fig["launch_us"] + fig["latency_us"] + max(memory_us, issue_us),
+    }
 
 
 def predict(case, fig, regs, plan=None, scale=None):
     from flashmla_perm import _ops
+
     launches = _ops._C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_fields(fig, regs, plan))
     priced = [price_launch(launch, fig, scale) for launch in launches]
     nbytes = sum(p["bytes_moved"] for p in priced) // 2
     tensors = 1 if case.op.startswith("permute_q") else 2  # the copy: one kernel a tensor
     copy_us = tensors * (fig["launch_us"] + COPY_LATENCY_US) + 2 * nbytes / (fig["copy_tbps"] * 1e6)
     us = sum(p["us"] for p in priced)
-    return {"op": case.op, "tp": case.tp, "bytes_moved": 2 * nbytes, "predicted_us": round(us, 3),
-            "copy_us": round(copy_us, 3), "x_copy_predicted": round(us / copy_us, 3), "launches": priced}
+    return {
+        "op": case.op,
+        "tp": case.tp,
+        "bytes_moved": 2 * nbytes,
+        "predicted_us": round(us, 3),
+        "copy_us": round(copy_us, 3),
+        "x_copy_predicted": round(us / copy_us, 3),
+        "launches": priced,
+    }
 
 
 def load(path):
@@ -181,8 +225,11 @@ def load(path):
 def measured_rows(path):
     """{(kind, tp): x the copy} of the native rows in a bench.json (device times)."""
     rows = {(r["kind"], r["tp"], r["backend"]): r["device_ms_per_layer"] for r in load(path).get("rows", [])}
-    return {(k, tp): ms / rows[(k, tp, "copy")] for (k, tp, b), ms in rows.items()
-            if b == "native" and rows.get((k, tp, "copy"))}
+    return {
+        (k, tp): ms / rows[(k, tp, "copy")]
+        for (k, tp, b), ms in rows.items()
+        if b == "native" and rows.get((k, tp, "copy"))
+    }
 
 
 def sweep_points(path, fig, regs, scale):
@@ -196,9 +243,15 @@ def sweep_points(path, fig, regs, scale):
             case = next((c for c in cases([kind]) if c.tp == 1), None)
             if case and key.endswith(" native"):
                 p = predict(case, fig, regs, plan, scale)
-                out.append({"plan": label, "op": kind, "x_copy_predicted": p["x_copy_predicted"],
-                            "x_copy_measured": row.get("x_copy_device"),
-                            "bound": [launch["bound"] for launch in p["launches"]]})
+                out.append(
+                    {
+                        "plan": label,
+                        "op": kind,
+                        "x_copy_predicted": p["x_copy_predicted"],
+                        "x_copy_measured": row.get("x_copy_device"),
+                        "bound": [launch["bound"] for launch in p["launches"]],
+                    }
+                )
     return out
 
 
@@ -213,31 +266,44 @@ def main(argv=None):
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
     from card import card_in
+
     fig, regs = card_figures(card_in(load(args.card)) if args.card else None), registers(args.ptxas_log)
     scale = sass_scale(open(args.sass, errors="replace").read()) if args.sass else {}
     measured = measured_rows(args.measured) if args.measured else {}
     records = []
-    print(f"card: {fig['name']}, {fig['sms']} SMs at {fig['clock_ghz']} GHz, copy {fig['copy_tbps']:.3f} TB/s; "
-          f"registers {regs}")
-    print(f"{'op':<15}{'tp':>3} {'MB moved':>9} {'us':>8} {'x copy':>7} {'measured':>9}  launches "
-          "(kernel grid/CTAs per SM, KiB in flight per SM of needed, bound)")
+    print(
+        f"card: {fig['name']}, {fig['sms']} SMs at {fig['clock_ghz']} GHz, copy {fig['copy_tbps']:.3f} TB/s; "
+        f"registers {regs}"
+    )
+    print(
+        f"{'op':<15}{'tp':>3} {'MB moved':>9} {'us':>8} {'x copy':>7} {'measured':>9}  launches "
+        "(kernel grid/CTAs per SM, KiB in flight per SM of needed, bound)"
+    )
     for case in cases(args.ops.split(",") if args.ops else None):
         r = predict(case, fig, regs, scale=scale)
         if (case.op, case.tp) in measured:
             r["x_copy_measured"] = round(measured[(case.op, case.tp)], 3)
         records.append(r)
-        print(f"{case.op:<15}{case.tp:>3} {r['bytes_moved'] / 1e6:>9.1f} {r['predicted_us']:>8.1f} "
-              f"{r['x_copy_predicted']:>7.2f} {r.get('x_copy_measured', ''):>9}  " + "; ".join(
-                  f"{lp['kernel']} {lp['grid']}/{lp['ctas_per_sm']}, {lp['in_flight_per_sm'] / 1024:.0f} of "
-                  f"{lp['needed_in_flight_per_sm'] / 1024:.0f} KiB, {lp['bound']}" for lp in r["launches"]))
+        print(
+            f"{case.op:<15}{case.tp:>3} {r['bytes_moved'] / 1e6:>9.1f} {r['predicted_us']:>8.1f} "
+            f"{r['x_copy_predicted']:>7.2f} {r.get('x_copy_measured', ''):>9}  "
+            + "; ".join(
+                f"{lp['kernel']} {lp['grid']}/{lp['ctas_per_sm']}, {lp['in_flight_per_sm'] / 1024:.0f} of "
+                f"{lp['needed_in_flight_per_sm'] / 1024:.0f} KiB, {lp['bound']}"
+                for lp in r["launches"]
+            )
+        )
     sweep = sweep_points(args.sweep, fig, regs, scale) if args.sweep else []
     for s in sweep:
-        print(f"sweep {s['plan']:<14} {s['op']:<6} x copy predicted {s['x_copy_predicted']:.2f}, measured "
-              f"{s['x_copy_measured']}")
+        print(
+            f"sweep {s['plan']:<14} {s['op']:<6} x copy predicted {s['x_copy_predicted']:.2f}, measured "
+            f"{s['x_copy_measured']}"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"card": fig, "registers": regs, "sass_scale": scale, "records": records, "sweep": sweep}, f,
-                      indent=1)
+            json.dump(
+                {"card": fig, "registers": regs, "sass_scale": scale, "records": records, "sweep": sweep}, f, indent=1
+            )
     return 0
 
 

@@ -29,8 +29,13 @@ def main(argv=None):
     bench.weight_fn("native", args.kind, arg)(layer)  # the call ncu profiles
     bench.weight_fn("reference", args.kind, arg)(expected)
     nbytes = bench.tensors_bytes(layer)
-    result = {"kind": args.kind, "device": args.device, "bytes_moved": 2 * nbytes,
-              "ok": bench.same_bytes(layer, expected), "native": bench.flashmla_perm.build_info()["native"]}
+    result = {
+        "kind": args.kind,
+        "device": args.device,
+        "bytes_moved": 2 * nbytes,
+        "ok": bench.same_bytes(layer, expected),
+        "native": bench.flashmla_perm.build_info()["native"],
+    }
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

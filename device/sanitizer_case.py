@@ -31,8 +31,9 @@ def rand(shape, dtype=torch.uint8, device="cpu"):
 
 
 def same(a, b):
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8).cpu(),
-                       b.contiguous().reshape(-1).view(torch.uint8).cpu())
+    return torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8).cpu(), b.contiguous().reshape(-1).view(torch.uint8).cpu()
+    )
 
 
 def in_place(ours, theirs, *tensors):
@@ -58,18 +59,24 @@ def long_cycle(n):
 def cases(dev):
     def wq_b(heads, k):
         w, s = rand((heads * 512, k), F8, dev), rand((heads * 512, max(1, k // 32)), device=dev)
-        return (in_place(lambda *t: fp.permute_wq_b_(*t, heads), lambda *t: ref.permute_wq_b_(*t, heads), w, s)
-                and in_place(lambda *t: fp.unpermute_wq_b_(*t, heads), lambda *t: ref.unpermute_wq_b_(*t, heads), w, s))
+        return in_place(
+            lambda *t: fp.permute_wq_b_(*t, heads), lambda *t: ref.permute_wq_b_(*t, heads), w, s
+        ) and in_place(lambda *t: fp.unpermute_wq_b_(*t, heads), lambda *t: ref.unpermute_wq_b_(*t, heads), w, s)
 
     def wo_a(rows, group):
         w, s = rand((rows, group * 512), F8, dev), rand((rows, group * 16), device=dev)
-        return (in_place(lambda *t: fp.permute_wo_a_(*t, group), lambda *t: ref.permute_wo_a_(*t, group), w, s)
-                and in_place(lambda *t: fp.unpermute_wo_a_(*t, group), lambda *t: ref.unpermute_wo_a_(*t, group), w, s))
+        return in_place(
+            lambda *t: fp.permute_wo_a_(*t, group), lambda *t: ref.permute_wo_a_(*t, group), w, s
+        ) and in_place(lambda *t: fp.unpermute_wo_a_(*t, group), lambda *t: ref.unpermute_wo_a_(*t, group), w, s)
 
     def wo_a_misaligned():  # views at odd byte offsets; the bytes around them must not move
         wb, sb = rand((64 * 512 + 3,), device=dev), rand((64 * 16 + 1,), device=dev)
-        return in_place(lambda w, s: fp.permute_wo_a_(w[3:].view(64, 512), s[1:].view(64, 16), 2),
-                        lambda w, s: ref.permute_wo_a_(w[3:].view(64, 512), s[1:].view(64, 16), 2), wb, sb)
+        return in_place(
+            lambda w, s: fp.permute_wo_a_(w[3:].view(64, 512), s[1:].view(64, 16), 2),
+            lambda w, s: ref.permute_wo_a_(w[3:].view(64, 512), s[1:].view(64, 16), 2),
+            wb,
+            sb,
+        )
 
     def packed_wv():  # 3-D wv weight, packed MN-major int32 scale
         w = rand((2, 6, 4096), F8, dev)
@@ -90,8 +97,11 @@ def cases(dev):
         return all(same(a, b) for a, b in zip(got, want))
 
     def rows(shape, perm, dtype):  # the save-heads pass and row tiles with scratch
-        return in_place(lambda x: ops.permute_rows_(x, perm.to(dtype).to(dev)),
-                        lambda x: ref.permute_rows_(x, perm), rand(shape, device=dev))
+        return in_place(
+            lambda x: ops.permute_rows_(x, perm.to(dtype).to(dev)),
+            lambda x: ref.permute_rows_(x, perm),
+            rand(shape, device=dev),
+        )
 
     def cols(shape, dtype, perm):
         x = rand(shape, dtype, dev)
@@ -102,25 +112,36 @@ def cases(dev):
     def strided(dim, dtype):  # a transposed, stepped view at a storage offset
         view = lambda b: b[5:].view(6, 18, 7).permute(2, 0, 1)[:, :, ::2]  # noqa: E731  [7, 6, 9]
         p = torch.randperm((7, 6, 9)[dim], generator=GEN)
-        return in_place(lambda b: fp.permute_(view(b), p, dim), lambda b: ref.permute_(view(b), p, dim),
-                        rand((5 + 6 * 18 * 7,), dtype, dev))
+        return in_place(
+            lambda b: fp.permute_(view(b), p, dim),
+            lambda b: ref.permute_(view(b), p, dim),
+            rand((5 + 6 * 18 * 7,), dtype, dev),
+        )
 
-    return [("permute_ dim 1 of a transposed stepped bf16 view", lambda: strided(1, torch.bfloat16)),
-            ("permute_ dim 0 of the same view, uint8", lambda: strided(0, torch.uint8)),
-            ("wq_b TP8 rows [4096, 256] + scale, forward and inverse", lambda: wq_b(8, 256)),
-            ("wq_b 4 heads, K=40 (narrow moves)", lambda: wq_b(4, 40)),
-            ("wo_a TP8 [24, 4096] + scale, forward and inverse", lambda: wo_a(24, 8)),
-            ("wo_a views at odd offsets", wo_a_misaligned),
-            ("wo_a 3-D wv + packed MN-major scale", packed_wv),
-            ("permute_q_b_proj 8 heads x 64, packed scale", q_b_proj),
-            ("permute_q 64 heads x 512, 3 tokens, to and from fused", permute_q),
-            ("permute_rows_ one 3000-cycle, int64 perm", lambda: rows((3000, 48), long_cycle(3000), torch.long)),
-            ("permute_rows_ random perm, int32", lambda: rows((5000, 40), torch.randperm(5000, generator=GEN),
-                                                              torch.int32)),
-            ("permute_cols(_) uint8 [33, 1000]", lambda: cols((33, 1000), torch.uint8,
-                                                              torch.randperm(1000, generator=GEN))),
-            ("permute_cols(_) bf16 [7, 5, 96]", lambda: cols((7, 5, 96), torch.bfloat16,
-                                                             torch.randperm(96, generator=GEN)))]
+    return [
+        ("permute_ dim 1 of a transposed stepped bf16 view", lambda: strided(1, torch.bfloat16)),
+        ("permute_ dim 0 of the same view, uint8", lambda: strided(0, torch.uint8)),
+        ("wq_b TP8 rows [4096, 256] + scale, forward and inverse", lambda: wq_b(8, 256)),
+        ("wq_b 4 heads, K=40 (narrow moves)", lambda: wq_b(4, 40)),
+        ("wo_a TP8 [24, 4096] + scale, forward and inverse", lambda: wo_a(24, 8)),
+        ("wo_a views at odd offsets", wo_a_misaligned),
+        ("wo_a 3-D wv + packed MN-major scale", packed_wv),
+        ("permute_q_b_proj 8 heads x 64, packed scale", q_b_proj),
+        ("permute_q 64 heads x 512, 3 tokens, to and from fused", permute_q),
+        ("permute_rows_ one 3000-cycle, int64 perm", lambda: rows((3000, 48), long_cycle(3000), torch.long)),
+        (
+            "permute_rows_ random perm, int32",
+            lambda: rows((5000, 40), torch.randperm(5000, generator=GEN), torch.int32),
+        ),
+        (
+            "permute_cols(_) uint8 [33, 1000]",
+            lambda: cols((33, 1000), torch.uint8, torch.randperm(1000, generator=GEN)),
+        ),
+        (
+            "permute_cols(_) bf16 [7, 5, 96]",
+            lambda: cols((7, 5, 96), torch.bfloat16, torch.randperm(96, generator=GEN)),
+        ),
+    ]
 
 
 def main(argv):

@@ -11,7 +11,7 @@ import re
 import torch
 
 from . import _ops
-from . import flashmla
+from . import flashmla  # noqa: F401  (fp.flashmla.permute_q_b_proj)
 from ._ops import path_counts
 from ._version import __version__
 from .on_load import permute_on_load
@@ -28,11 +28,25 @@ from .reference import (
 )
 
 __all__ = [
-    "HEAD_DIM", "Q_CHUNK", "O_CHUNK", "WV_GROUP_SIZE",
-    "q_fused_permutation", "o_fused_permutation", "o_fused_chunk_permutation",
-    "inverse_permutation", "permute_q_to_fused", "permute_q_from_fused",
-    "permute_wq_b_", "unpermute_wq_b_", "permute_wo_a_", "unpermute_wo_a_", "permute_",
-    "Permutation", "permute_on_load", "build_info", "path_counts",
+    "HEAD_DIM",
+    "Q_CHUNK",
+    "O_CHUNK",
+    "WV_GROUP_SIZE",
+    "q_fused_permutation",
+    "o_fused_permutation",
+    "o_fused_chunk_permutation",
+    "inverse_permutation",
+    "permute_q_to_fused",
+    "permute_q_from_fused",
+    "permute_wq_b_",
+    "unpermute_wq_b_",
+    "permute_wo_a_",
+    "unpermute_wo_a_",
+    "permute_",
+    "Permutation",
+    "permute_on_load",
+    "build_info",
+    "path_counts",
 ]
 
 _ops_ns = torch.ops.flashmla_perm
@@ -67,18 +81,14 @@ def unpermute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_
     _ops_ns.permute_wq_b_(weight, weight_scale, num_local_heads, True)
 
 
-def permute_wo_a_(
-    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
-) -> None:
+def permute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE) -> None:
     """Permute the input columns of a ``wo_a`` shard (``[rows, G * D]`` or
     ``[n_groups, out, G * D]``) and its scale in place: one scale element per 32
     columns, or int32 with four packed ue8m0 bytes per word (bytes cross words)."""
     _ops_ns.permute_wo_a_(weight, weight_scale, heads_per_group)
 
 
-def unpermute_wo_a_(
-    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
-) -> None:
+def unpermute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE) -> None:
     """Undoes :func:`permute_wo_a_`."""
     _ops_ns.permute_wo_a_(weight, weight_scale, heads_per_group, True)
 
@@ -91,15 +101,25 @@ def build_info() -> dict:
     (the version built against), ``version``; ``native_error`` says why the
     native module is not used, if it is not, and ``cuda_off_reason`` why the
     CUDA kernels are off (None when they are on)."""
-    info = {"native": _ops._C is not None, "cuda": False, "cuda_compiler": None, "cuda_archs": [], "torch": None,
-            "version": __version__, "native_error": _ops.native_error,
-            "cuda_off_reason": "the native module is not loaded (see native_error)"}
+    info = {
+        "native": _ops._C is not None,
+        "cuda": False,
+        "cuda_compiler": None,
+        "cuda_archs": [],
+        "torch": None,
+        "version": __version__,
+        "native_error": _ops.native_error,
+        "cuda_off_reason": "the native module is not loaded (see native_error)",
+    }
     if _ops._C is not None:
         built = _ops._C.build_info()
         info["cuda"] = bool(built["cuda"])
         info["cuda_compiler"] = built.get("cuda_compiler") or None
         info["cuda_archs"] = [a for a in re.split(r"[;, ]+", built["cuda_archs"]) if a]
         info["torch"] = built["torch"]
-        info["cuda_off_reason"] = None if info["cuda"] else (
-            built.get("cuda_off_reason") or "unknown (a module built before it recorded why)")
+        info["cuda_off_reason"] = (
+            None
+            if info["cuda"]
+            else (built.get("cuda_off_reason") or "unknown (a module built before it recorded why)")
+        )
     return info

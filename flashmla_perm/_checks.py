@@ -30,10 +30,7 @@ def dense(t: torch.Tensor, op: str, name: str) -> None:
 def writable(t: torch.Tensor, op: str, name: str) -> None:
     dense(t, op, name)
     if t.requires_grad and torch.is_grad_enabled():
-        raise ValueError(
-            f"{op}: {name} requires grad; permute weights under torch.no_grad() "
-            "or on a detached tensor"
-        )
+        raise ValueError(f"{op}: {name} requires grad; permute weights under torch.no_grad() or on a detached tensor")
     if t.is_inference() and not torch.is_inference_mode_enabled():
         raise ValueError(
             f"{op}: {name} is an inference tensor (made under torch.inference_mode()), which "
@@ -102,9 +99,7 @@ def permutation_shape(perm: torch.Tensor, extent: int, device: torch.device, op:
     if perm.dim() != 1:
         raise ValueError(f"{op}: perm must be 1-D, got shape {list(perm.shape)}")
     if perm.numel() != extent:
-        raise ValueError(
-            f"{op}: perm has {perm.numel()} entries but the permuted dimension has {extent}"
-        )
+        raise ValueError(f"{op}: perm has {perm.numel()} entries but the permuted dimension has {extent}")
     if perm.device.type != "cpu" and perm.device != device:
         raise ValueError(f"{op}: perm is on {perm.device} but self is on {device}")
 
@@ -119,8 +114,7 @@ def permutation(perm: torch.Tensor, extent: int, device: torch.device, op: str) 
     if bad.any():
         i = int(bad.nonzero()[0])
         raise ValueError(
-            f"{op}: perm is not a permutation: index {int(p[i])} at position {i} is out of "
-            f"range [0, {extent})"
+            f"{op}: perm is not a permutation: index {int(p[i])} at position {i} is out of range [0, {extent})"
         )
     counts = torch.bincount(p, minlength=extent)
     if (counts > 1).any():
@@ -147,8 +141,7 @@ def head_dim_of(weight, dim_, heads, heads_name, chunk, op) -> int:
     head_dim = n // heads
     if head_dim % chunk:
         raise ValueError(
-            f"{op}: head_dim = weight.size({dim_}) / {heads_name} = {head_dim} must be a "
-            f"multiple of {chunk}"
+            f"{op}: head_dim = weight.size({dim_}) / {heads_name} = {head_dim} must be a multiple of {chunk}"
         )
     return head_dim
 
@@ -170,8 +163,7 @@ def wo_a(weight, weight_scale, heads_per_group, op="permute_wo_a_") -> None:
         raise ValueError(f"{op}: weight must be 2-D or 3-D, got shape {list(weight.shape)}")
     if weight_scale.dim() != weight.dim():
         raise ValueError(
-            f"{op}: weight_scale must be {weight.dim()}-D like weight, got shape "
-            f"{list(weight_scale.shape)}"
+            f"{op}: weight_scale must be {weight.dim()}-D like weight, got shape {list(weight_scale.shape)}"
         )
     positive(heads_per_group, op, "heads_per_group")
     pair(weight, weight_scale, op, "weight", "weight_scale")
@@ -190,14 +182,13 @@ PACKED_COLUMNS = 4 * O_CHUNK  # weight columns one packed int32 scale word cover
 
 
 def wo_a_scale_form(weight, weight_scale):
-    """"elements" (one scale element per 32 columns), "packed" (int32, four ue8m0
+    """ "elements" (one scale element per 32 columns), "packed" (int32, four ue8m0
     bytes per word), or None when weight_scale fits neither."""
     lead, cols = list(weight.shape[:-1]), weight.shape[-1]
     shape = list(weight_scale.shape)
     if shape == lead + [cols // O_CHUNK]:
         return "elements"
-    if (weight_scale.dtype == torch.int32 and cols % PACKED_COLUMNS == 0
-            and shape == lead + [cols // PACKED_COLUMNS]):
+    if weight_scale.dtype == torch.int32 and cols % PACKED_COLUMNS == 0 and shape == lead + [cols // PACKED_COLUMNS]:
         return "packed"
     return None
 
@@ -208,9 +199,7 @@ def align4(n: int) -> int:
 
 def _two_tensors(weight_and_scale, op):
     if len(weight_and_scale) != 2:
-        raise ValueError(
-            f"{op}: weight_and_scale must be (weight, scale), got {len(weight_and_scale)} tensors"
-        )
+        raise ValueError(f"{op}: weight_and_scale must be (weight, scale), got {len(weight_and_scale)} tensors")
     dense(weight_and_scale[0], op, "weight")
     dense(weight_and_scale[1], op, "scale")
     return weight_and_scale
@@ -240,8 +229,7 @@ def _drop_in_inputs(weight_and_scale, rank, heads, heads_name, head_dim, head_di
     _fp8_weight(weight, op)
     if weight.shape[-1] != 1 and weight.stride(-1) != 1:
         raise ValueError(
-            f"{op}: weight must have a contiguous last dimension (stride(-1) == 1), "
-            f"got strides {list(weight.stride())}"
+            f"{op}: weight must have a contiguous last dimension (stride(-1) == 1), got strides {list(weight.stride())}"
         )
     positive(heads, op, heads_name)
     positive(head_dim, op, head_dim_name)
@@ -263,15 +251,11 @@ def q_b_proj(weight_and_scale, h_q, d_q, op="permute_q_b_proj") -> None:
         raise ValueError(f"{op}: scale has {scale.shape[0]} rows but weight has {rows}")
     words = scale.shape[1]
     if words <= 0 or k % (4 * words):
-        raise ValueError(
-            f"{op}: scale has {words} words per row, so gran = K / (4 * W) must be 32 or 128 "
-            f"(K = {k})"
-        )
+        raise ValueError(f"{op}: scale has {words} words per row, so gran = K / (4 * W) must be 32 or 128 (K = {k})")
     gran = k // (4 * words)
     if gran not in (32, 128):
         raise ValueError(
-            f"{op}: scale has {words} words per row, so gran = K / (4 * W) = {gran} must be 32 "
-            f"or 128 (K = {k})"
+            f"{op}: scale has {words} words per row, so gran = K / (4 * W) = {gran} must be 32 or 128 (K = {k})"
         )
     # FlashMLA checks stride(0) alone: any padding of the rows is valid input.
     if scale.stride(0) != 1:
@@ -282,26 +266,19 @@ def q_b_proj(weight_and_scale, h_q, d_q, op="permute_q_b_proj") -> None:
 def wv_proj(weight_and_scale, wv_group_size, d_o, op="permute_wv_proj") -> None:
     """FlashMLA's permute_wv_proj: fp8 ``[n_groups, out, G * d_o]`` and a packed
     int32 scale ``[n_groups, out, G * d_o / 128]`` with stride(1) == 1."""
-    weight, scale = _drop_in_inputs(weight_and_scale, 3, wv_group_size, "wv_group_size", d_o, "d_o",
-                                    O_CHUNK, op)
+    weight, scale = _drop_in_inputs(weight_and_scale, 3, wv_group_size, "wv_group_size", d_o, "d_o", O_CHUNK, op)
     cols = wv_group_size * d_o
     if weight.shape[2] != cols:
-        raise ValueError(
-            f"{op}: weight.size(2) ({weight.shape[2]}) must be wv_group_size * d_o = {cols}"
-        )
+        raise ValueError(f"{op}: weight.size(2) ({weight.shape[2]}) must be wv_group_size * d_o = {cols}")
     if cols % PACKED_COLUMNS:
-        raise ValueError(
-            f"{op}: wv_group_size * d_o ({cols}) must be a multiple of {PACKED_COLUMNS}"
-        )
+        raise ValueError(f"{op}: wv_group_size * d_o ({cols}) must be a multiple of {PACKED_COLUMNS}")
     _packed_scale_dtype(scale, op)
     dim(scale, 3, op, "scale")
     expected = [weight.shape[0], weight.shape[1], cols // PACKED_COLUMNS]
     if list(scale.shape) != expected:
         raise ValueError(f"{op}: scale must have shape {expected}, got {list(scale.shape)}")
     if scale.stride(1) != 1:
-        raise ValueError(
-            f"{op}: scale must be MN-major (stride(1) == 1), got strides {list(scale.stride())}"
-        )
+        raise ValueError(f"{op}: scale must be MN-major (stride(1) == 1), got strides {list(scale.stride())}")
     _same_device(weight, scale, op)
 
 
@@ -311,9 +288,7 @@ def permute_(self, perm, dim_, op="permute_") -> int:
     permutable(self, op)
     n = self.dim()
     if not -n <= dim_ < n:
-        raise ValueError(
-            f"{op}: dim ({dim_}) is out of range for a {n}-D self (expected {-n} to {n - 1})"
-        )
+        raise ValueError(f"{op}: dim ({dim_}) is out of range for a {n}-D self (expected {-n} to {n - 1})")
     return dim_ % n
 
 
@@ -321,6 +296,4 @@ def q(q: torch.Tensor, op="permute_q") -> None:
     dense(q, op, "q")
     dim(q, 3, op, "q")
     if q.shape[2] % Q_CHUNK:
-        raise ValueError(
-            f"{op}: head_dim = q.size(2) = {q.shape[2]} must be a multiple of {Q_CHUNK}"
-        )
+        raise ValueError(f"{op}: head_dim = q.size(2) = {q.shape[2]} must be a multiple of {Q_CHUNK}")

@@ -50,22 +50,19 @@ def _mn_major_scale(scale):
     *lead, rows, words = scale.shape
     pad = checks.align4(rows)
     strides = [words * pad] if lead else []
-    return torch.empty_strided((*lead, rows, words), (*strides, 1, pad), dtype=scale.dtype,
-                               device=scale.device)
+    return torch.empty_strided((*lead, rows, words), (*strides, 1, pad), dtype=scale.dtype, device=scale.device)
 
 
 def permute_q_b_proj(weight_and_scale, h_q, d_q):
     checks.q_b_proj(weight_and_scale, h_q, d_q)
     weight, scale = weight_and_scale
-    return [torch.empty(weight.shape, dtype=weight.dtype, device=weight.device),
-            _mn_major_scale(scale)]
+    return [torch.empty(weight.shape, dtype=weight.dtype, device=weight.device), _mn_major_scale(scale)]
 
 
 def permute_wv_proj(weight_and_scale, wv_group_size, d_o):
     checks.wv_proj(weight_and_scale, wv_group_size, d_o)
     weight, scale = weight_and_scale
-    return [torch.empty(weight.shape, dtype=weight.dtype, device=weight.device),
-            _mn_major_scale(scale)]
+    return [torch.empty(weight.shape, dtype=weight.dtype, device=weight.device), _mn_major_scale(scale)]
 
 
 FAKES = {name: globals()[name] for name in SCHEMAS}

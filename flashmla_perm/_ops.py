@@ -29,13 +29,17 @@ def explain_native_error(error, package_dir, torch_version):
     """``native_error`` in plain words: why the native module cannot be used
     here and the command that builds it. ``error`` is what the import raised."""
     names = sorted(n for n in os.listdir(package_dir) if n.startswith("_C.") and n.endswith((".so", ".pyd")))
-    mine = [n for n in names if n[len("_C"):] in importlib.machinery.EXTENSION_SUFFIXES]
+    mine = [n for n in names if n[len("_C") :] in importlib.machinery.EXTENSION_SUFFIXES]
     if not names:
-        return (f"not built: there is no native module (_C*.so) in {package_dir}."
-                f" Build it against this torch ({torch_version}): {BUILD_COMMAND}")
+        return (
+            f"not built: there is no native module (_C*.so) in {package_dir}."
+            f" Build it against this torch ({torch_version}): {BUILD_COMMAND}"
+        )
     if not mine:
-        return (f"not built for this Python: {', '.join(names)} in {package_dir} is for another"
-                f" interpreter. Build it with this one: {BUILD_COMMAND}")
+        return (
+            f"not built for this Python: {', '.join(names)} in {package_dir} is for another"
+            f" interpreter. Build it with this one: {BUILD_COMMAND}"
+        )
     built = built_for(os.path.join(package_dir, mine[0]))
     if built is None:  # an older module: scripts/env.sh's stamp starts with the torch release
         try:
@@ -45,21 +49,30 @@ def explain_native_error(error, package_dir, torch_version):
             pass
     said = f"({type(error).__name__}: {error})"
     other_torch = built is not None and built != torch_version
-    versions = (f"it was built for torch {built}, and this is torch {torch_version}" if built
-                else f"it was built for a torch it does not name, and this is torch {torch_version}")
+    versions = (
+        f"it was built for torch {built}, and this is torch {torch_version}"
+        if built
+        else f"it was built for a torch it does not name, and this is torch {torch_version}"
+    )
     missing = re.search(r"([\w.+-]+\.so[\w.]*): cannot open shared object file", str(error))
     if missing:
         if other_torch or built is None:
-            return (f"the native module needs the shared library {missing.group(1)}, which is not"
-                    f" found: {versions}. Rebuild it against this torch: {BUILD_COMMAND} {said}")
-        return (f"the native module needs the shared library {missing.group(1)}, which is not found"
-                f" (put it on LD_LIBRARY_PATH, or rebuild the CPU-only module:"
-                f" `FLASHMLA_PERM_CUDA=0 pip install --no-build-isolation -e .`) {said}")
+            return (
+                f"the native module needs the shared library {missing.group(1)}, which is not"
+                f" found: {versions}. Rebuild it against this torch: {BUILD_COMMAND} {said}"
+            )
+        return (
+            f"the native module needs the shared library {missing.group(1)}, which is not found"
+            f" (put it on LD_LIBRARY_PATH, or rebuild the CPU-only module:"
+            f" `FLASHMLA_PERM_CUDA=0 pip install --no-build-isolation -e .`) {said}"
+        )
     if other_torch:
         return f"built for another torch: {versions}. Rebuild it against this torch: {BUILD_COMMAND} {said}"
     if "undefined symbol" in str(error):
-        return (f"the native module does not fit this torch {torch_version} (an undefined symbol;"
-                f" {versions}). Rebuild it: {BUILD_COMMAND} {said}")
+        return (
+            f"the native module does not fit this torch {torch_version} (an undefined symbol;"
+            f" {versions}). Rebuild it: {BUILD_COMMAND} {said}"
+        )
     return f"the native module failed to load {said}. Rebuild it: {BUILD_COMMAND}"
 
 
@@ -80,7 +93,7 @@ if _C is None:
         _lib.impl(_name, IMPLS[_name], "CompositeExplicitAutograd")
 
 
-from ._fake import FAKES
+from ._fake import FAKES  # noqa: E402  (after the ops are defined)
 
 for _name in SCHEMAS:
     torch.library.register_fake(f"flashmla_perm::{_name}")(FAKES[_name])

@@ -22,8 +22,12 @@ USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 SM100_OVER_SM90 = 1.1  # most registers sm_100 may take, over sm_90's (scripts/ptxas_gate.py too)
 # The lowered names as cuda_kernels.cu's kernels are called (the anonymous
 # namespace's part of the mangled name differs between compilers).
-SHORT = [("flashmla_perm_rowsE", "rows"), ("flashmla_perm_save_headsE", "save_heads"),
-         ("flashmla_perm_colsILb1E", "cols<true>"), ("flashmla_perm_colsILb0E", "cols<false>")]
+SHORT = [
+    ("flashmla_perm_rowsE", "rows"),
+    ("flashmla_perm_save_headsE", "save_heads"),
+    ("flashmla_perm_colsILb1E", "cols<true>"),
+    ("flashmla_perm_colsILb0E", "cols<false>"),
+]
 
 
 def parse(log):
@@ -46,8 +50,10 @@ def compile_arch(arch):
     from flashmla_perm import _ops
 
     if _ops._C is None or not hasattr(_ops._C, "nvrtc_compile"):
-        raise SystemExit("flashmla_perm.nvrtc: the native module has no CUDA kernels "
-                         f"(build_info: {__import__('flashmla_perm').build_info()})")
+        raise SystemExit(
+            "flashmla_perm.nvrtc: the native module has no CUDA kernels "
+            f"(build_info: {__import__('flashmla_perm').build_info()})"
+        )
     out = _ops._C.nvrtc_compile(arch)
     records = parse(out["log"])
     for r in records:
@@ -59,7 +65,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", action="append", required=True, help="sm_80, sm_90, sm_100, ... (repeatable)")
     ap.add_argument("--json", help="write the records here, a JSON list")
-    ap.add_argument("--gate", action="store_true", help="fail on any spill or stack frame, or sm_100 over 1.1x sm_90's registers")
+    ap.add_argument(
+        "--gate", action="store_true", help="fail on any spill or stack frame, or sm_100 over 1.1x sm_90's registers"
+    )
     args = ap.parse_args(argv)
     # NVRTC runs without the GIL: the architectures compile side by side.
     with ThreadPoolExecutor(max_workers=len(args.arch)) as pool:
@@ -68,15 +76,21 @@ def main(argv=None):
     bad = []
     for r in records:
         spill = r.get("spill_stores", 0) + r.get("spill_loads", 0)
-        print(f"{r['arch']:7} {r.get('registers', -1):4} {r.get('static_smem', 0):5} {r.get('stack', -1):5} "
-              f"{spill:5} {r['seconds']:5}  {r['kernel']}")
+        print(
+            f"{r['arch']:7} {r.get('registers', -1):4} {r.get('static_smem', 0):5} {r.get('stack', -1):5} "
+            f"{spill:5} {r['seconds']:5}  {r['kernel']}"
+        )
         if r.get("stack", 1) or spill or "registers" not in r:
             bad.append(f"{r['arch']} {r['kernel']}")
     # sm_100 (B200, GB200; B300 runs its code) within 1.1x sm_90's registers,
     # as scripts/ptxas_gate.py holds nvcc's build: fewer CTAs per SM otherwise.
     sm90 = {r["kernel"]: r.get("registers", 0) for r in records if r["arch"] == "sm_90"}
     for r in records:
-        if r["arch"] == "sm_100" and r["kernel"] in sm90 and r.get("registers", 0) > SM100_OVER_SM90 * sm90[r["kernel"]]:
+        if (
+            r["arch"] == "sm_100"
+            and r["kernel"] in sm90
+            and r.get("registers", 0) > SM100_OVER_SM90 * sm90[r["kernel"]]
+        ):
             bad.append(f"sm_100 {r['kernel']} ({r['registers']} registers, sm_90 {sm90[r['kernel']]})")
     if args.json:
         with open(args.json, "w") as f:
@@ -89,8 +103,10 @@ def main(argv=None):
         print(f"NVRTC gate FAILED: spills, stack frames or sm_100 registers in {bad}")
         return 1
     if args.gate:
-        print(f"NVRTC gate passed: {len(records)} kernel builds, no spills, no stack frames, sm_100 within "
-              f"{SM100_OVER_SM90}x sm_90's registers")
+        print(
+            f"NVRTC gate passed: {len(records)} kernel builds, no spills, no stack frames, sm_100 within "
+            f"{SM100_OVER_SM90}x sm_90's registers"
+        )
     return 0
 
 

@@ -13,8 +13,9 @@ def checked_dim(t: torch.Tensor, dim: int, op: str, name: str) -> int:
     """``dim`` of ``t``, made non-negative; ValueError naming ``name`` if out of range."""
     n = t.dim()
     if isinstance(dim, bool) or not isinstance(dim, int) or not -n <= dim < n:
-        raise ValueError(f"{op}: dim ({dim!r}) is out of range for a {n}-D {name} "
-                         f"(expected an int from {-n} to {n - 1})")
+        raise ValueError(
+            f"{op}: dim ({dim!r}) is out of range for a {n}-D {name} (expected an int from {-n} to {n - 1})"
+        )
     return dim % n
 
 

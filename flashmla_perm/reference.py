@@ -24,9 +24,7 @@ def q_fused_permutation(num_heads: int, head_dim: int = HEAD_DIM) -> torch.Tenso
     return perm
 
 
-def o_fused_permutation(
-    heads_per_group: int = WV_GROUP_SIZE, head_dim: int = HEAD_DIM
-) -> torch.Tensor:
+def o_fused_permutation(heads_per_group: int = WV_GROUP_SIZE, head_dim: int = HEAD_DIM) -> torch.Tensor:
     """``fused[(c * G + h) * 32 + j] = standard[h * D + c * 32 + j]`` for one group."""
     h = torch.arange(heads_per_group).view(-1, 1, 1)
     c = torch.arange(head_dim // O_CHUNK).view(1, -1, 1)
@@ -37,9 +35,7 @@ def o_fused_permutation(
     return perm
 
 
-def o_fused_chunk_permutation(
-    heads_per_group: int = WV_GROUP_SIZE, head_dim: int = HEAD_DIM
-) -> torch.Tensor:
+def o_fused_chunk_permutation(heads_per_group: int = WV_GROUP_SIZE, head_dim: int = HEAD_DIM) -> torch.Tensor:
     """The O permutation on 32-element chunks (for the per-32 scales)."""
     return o_fused_permutation(heads_per_group, head_dim)[::O_CHUNK] // O_CHUNK
 
@@ -126,18 +122,14 @@ def unpermute_wq_b_(weight: torch.Tensor, weight_scale: torch.Tensor, num_local_
     _wq_b_(weight, weight_scale, num_local_heads, inverse=True)
 
 
-def permute_wo_a_(
-    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
-) -> None:
+def permute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE) -> None:
     """Input columns of an MXFP8 ``wo_a`` shard (``[rows, G * D]`` or
     ``[n_groups, out, G * D]``, any strides) and its scale, in place: one scale
     element per 32 columns, or int32 with four packed ue8m0 bytes per word."""
     _wo_a_(weight, weight_scale, heads_per_group, inverse=False)
 
 
-def unpermute_wo_a_(
-    weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE
-) -> None:
+def unpermute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_group: int = WV_GROUP_SIZE) -> None:
     _wo_a_(weight, weight_scale, heads_per_group, inverse=True)
 
 

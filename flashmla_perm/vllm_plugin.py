@@ -134,8 +134,10 @@ def _route(fused_layout):
         return f"changed nothing: {FUSED_LAYOUT} has none of {', '.join(ROUTED_NAMES)}"
     modules.discard(FUSED_LAYOUT)
     where = FUSED_LAYOUT + (f" and {', '.join(sorted(modules))}" if modules else "")
-    return (f"routed vLLM's {', '.join(routed)} to flashmla_perm {flashmla_perm.__version__}"
-            f" (in place, {_devices_text(flashmla_perm.build_info())}) in {where}{kept}")
+    return (
+        f"routed vLLM's {', '.join(routed)} to flashmla_perm {flashmla_perm.__version__}"
+        f" (in place, {_devices_text(flashmla_perm.build_info())}) in {where}{kept}"
+    )
 
 
 def _log_route(fused_layout):

@@ -67,8 +67,9 @@ print(json.dumps({"bytes": nbytes, "indices": indices, "extra": extra, "native":
 
 
 def measure(shape, dim, kind, warm=True):
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([shape, dim, kind, warm])],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps([shape, dim, kind, warm])], capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -83,13 +84,19 @@ def main():
     for name, (shape, dim, kind) in CASES.items():
         r = measure(shape, dim, kind)
         bound = r["bytes"] / 32 + 4 * r["indices"] + MiB
-        r.update(case=name, bound=bound, within=r["extra"] <= bound,
-                 first_call=measure(shape, dim, kind, warm=False)["extra"])
+        r.update(
+            case=name,
+            bound=bound,
+            within=r["extra"] <= bound,
+            first_call=measure(shape, dim, kind, warm=False)["extra"],
+        )
         if args.json:
             print(json.dumps(r))
         else:
-            print(f"| {name} | {r['bytes'] / MiB:.1f} MiB | {r['extra'] / MiB:.2f} MiB | {r['extra'] / r['bytes']:.3f} |"
-                  f" {bound / MiB:.2f} MiB: {'within' if r['within'] else 'OVER'} | {r['first_call'] / MiB:.2f} MiB |")
+            print(
+                f"| {name} | {r['bytes'] / MiB:.1f} MiB | {r['extra'] / MiB:.2f} MiB | {r['extra'] / r['bytes']:.3f} |"
+                f" {bound / MiB:.2f} MiB: {'within' if r['within'] else 'OVER'} | {r['first_call'] / MiB:.2f} MiB |"
+            )
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ class Mutant:
 
 
 M = Mutant
+# A table, one mutant to a block as written: the formatter leaves it be.
+# fmt: off
 MUTANTS = [
     # ---- plan construction (csrc/plan.cpp)
     M("plan-last-segment-short", "csrc/plan.cpp",
@@ -183,8 +185,8 @@ MUTANTS = [
       ["tests/test_prepared.py"],
       "prepared permutations never cached by value (a plan per call)"),
     M("perm-cache-ignores-version", "csrc/perm_cache.cpp",
-      "static_cast<int64_t>(perm._version()) == version && ",
-      "",
+      "static_cast<int64_t>(perm._version()) == version &&",
+      "true &&",
       ["tests/test_prepared.py::test_a_device_perm_is_found_by_the_tensor_and_its_version"],
       "a device perm written in place is found by its address and reused with the old values",
       needs_cuda=True),
@@ -463,6 +465,7 @@ MUTANTS = [
       ["device/tests/test_crash_probe.py"],
       "the crash record's si_addr is not the faulting address"),
 ]
+# fmt: on
 
 
 def log(msg):
@@ -471,8 +474,12 @@ def log(msg):
 
 def tree_files(src):
     """Tracked and untracked (not ignored) files of the tree at src."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=src, check=True, capture_output=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=src,
+        check=True,
+        capture_output=True,
+    ).stdout
     return [f for f in out.decode().split("\0") if f and (src / f).is_file()]
 
 
@@ -511,14 +518,28 @@ class Builds:
         # A build directory left by another venv names a ninja that may be gone: configure afresh.
         cache = self.harness_dir / "CMakeCache.txt"
         if cache.exists():
-            tools = [line.split("=", 1)[1] for line in cache.read_text().splitlines()
-                     if line.startswith("CMAKE_MAKE_PROGRAM:")]
+            tools = [
+                line.split("=", 1)[1]
+                for line in cache.read_text().splitlines()
+                if line.startswith("CMAKE_MAKE_PROGRAM:")
+            ]
             if tools and not Path(tools[0]).exists():
                 shutil.rmtree(self.harness_dir)
         if not (self.harness_dir / "build.ninja").exists():
             cmake = [shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"]
-            ok, out = self._run(cmake + ["-S", str(self.tree), "-B", str(self.harness_dir), "-G", "Ninja",
-                                         "-DFLASHMLA_PERM_BUILD_EXTENSION=OFF", "-DCMAKE_BUILD_TYPE=RelWithDebInfo"])
+            ok, out = self._run(
+                cmake
+                + [
+                    "-S",
+                    str(self.tree),
+                    "-B",
+                    str(self.harness_dir),
+                    "-G",
+                    "Ninja",
+                    "-DFLASHMLA_PERM_BUILD_EXTENSION=OFF",
+                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                ]
+            )
             if not ok:
                 return ok, out
         cmake = shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"
@@ -568,8 +589,11 @@ def run_test(test, tree, python, timeout):
         cmd = [str(tree / "build" / "harness" / "tile_harness")] + test.split()[1:]
     else:
         cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *test.split()]
-    env = dict(os.environ, FLASHMLA_PERM_EXPECT_NATIVE="1",
-               FLASHMLA_PERM_FUZZ_EXAMPLES=os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES", "200"))
+    env = dict(
+        os.environ,
+        FLASHMLA_PERM_EXPECT_NATIVE="1",
+        FLASHMLA_PERM_FUZZ_EXAMPLES=os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES", "200"),
+    )
     env.pop("FLASHMLA_PERM_FORCE_REFERENCE", None)
     try:
         p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -585,17 +609,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
-    ap.add_argument("--check", action="store_true",
-                    help="check that each mutant's text occurs exactly once in its file, run nothing (CI's lint)")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="check that each mutant's text occurs exactly once in its file, run nothing (CI's lint)",
+    )
     ap.add_argument("--source", default=str(ROOT), help="tree to copy (default: this one)")
     ap.add_argument("--workdir", default="/tmp/flashmla_perm_mutants")
     ap.add_argument("--python", default=sys.executable, help="python with torch (default: this one)")
-    ap.add_argument("--timeout", type=int, default=900,
-                    help="seconds per test run at most; with the baseline, a mutant's test gets "
-                         f"{HANG_FACTOR}x its clean run (at least {HANG_FLOOR_S}s), so a hang is called early")
+    ap.add_argument(
+        "--timeout",
+        type=int,
+        default=900,
+        help="seconds per test run at most; with the baseline, a mutant's test gets "
+        f"{HANG_FACTOR}x its clean run (at least {HANG_FLOOR_S}s), so a hang is called early",
+    )
     ap.add_argument("--no-baseline", action="store_true", help="skip the clean run of the tests")
-    ap.add_argument("--all", action="store_true",
-                    help="run every listed test of a mutant, not only up to the first that kills it")
+    ap.add_argument(
+        "--all", action="store_true", help="run every listed test of a mutant, not only up to the first that kills it"
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print each killing test's output")
     args = ap.parse_args()
 
@@ -613,15 +645,22 @@ def main():
         stale = [m.name for m in chosen if not (src / m.file).exists() or (src / m.file).read_text().count(m.old) != 1]
         print(f"mutants: {len(chosen) - len(stale)} of {len(chosen)} apply" + (f"; stale: {stale}" if stale else ""))
         return 1 if stale else 0
-    cuda = subprocess.run([args.python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                          capture_output=True).returncode == 0
+    cuda = (
+        subprocess.run(
+            [args.python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     t0 = time.time()
     log(f"== copying {src} to {tree} ({sync_tree(src, tree)} files changed)")
     builds = Builds(tree, args.python)
     need_ext = any(not t.startswith("harness") for m in chosen for t in m.tests)
     need_harness = any(t.startswith("harness") for m in chosen for t in m.tests)
-    for what, needed, build in (("native module", need_ext, builds.build_extension),
-                                ("harness", need_harness, builds.build_harness)):
+    for what, needed, build in (
+        ("native module", need_ext, builds.build_extension),
+        ("harness", need_harness, builds.build_harness),
+    ):
         if not needed:
             continue
         start = time.time()
@@ -631,8 +670,12 @@ def main():
             sys.exit(f"== the clean tree's {what} did not build")
         log(f"== clean {what} built in {time.time() - start:.0f}s")
     builds.snapshot()
-    imported = subprocess.run([args.python, "-c", "import flashmla_perm, sys; print(flashmla_perm.__file__)"],
-                              cwd=tree, capture_output=True, text=True).stdout.strip()
+    imported = subprocess.run(
+        [args.python, "-c", "import flashmla_perm, sys; print(flashmla_perm.__file__)"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     if need_ext and not imported.startswith(str(tree)):
         sys.exit(f"== the copy imports flashmla_perm from {imported!r}, not from {tree}")
 
@@ -673,8 +716,10 @@ def main():
             status = None
             wants_ext = any(not t.startswith("harness") for t in m.tests)
             wants_harness = any(t.startswith("harness") for t in m.tests)
-            for what, needed, build in (("native module", wants_ext, builds.build_extension),
-                                        ("harness", wants_harness, builds.build_harness)):
+            for what, needed, build in (
+                ("native module", wants_ext, builds.build_extension),
+                ("harness", wants_harness, builds.build_harness),
+            ):
                 if needed and status is None:
                     ok, out = build()
                     if not ok:
@@ -704,8 +749,10 @@ def main():
     for name, file, status, secs in rows:
         print(f"| {name} | {file} | {status} | {secs:.0f} |")
     killed = sum(status.startswith("killed") for _, _, status, _ in rows)
-    print(f"\n{len(rows)} mutants: {killed} killed, {bad} not killed, {len(rows) - killed - bad} not run here"
-          f" ({time.time() - t0:.0f}s in all)")
+    print(
+        f"\n{len(rows)} mutants: {killed} killed, {bad} not killed, {len(rows) - killed - bad} not run here"
+        f" ({time.time() - t0:.0f}s in all)"
+    )
     return 1 if bad else 0
 
 

@@ -47,8 +47,10 @@ def main():
     args = ap.parse_args()
     kernels = parse(open(args.log, errors="replace").read())
     if not kernels:
-        print(f"ptxas gate: no ptxas output for flashmla_perm kernels in {args.log}: "
-              "was the CUDA build verbose (-Xptxas=-v) and did it run?")
+        print(
+            f"ptxas gate: no ptxas output for flashmla_perm kernels in {args.log}: "
+            "was the CUDA build verbose (-Xptxas=-v) and did it run?"
+        )
         return 1
     names = demangle(sorted({k["kernel"] for k in kernels}))
     bad = []
@@ -56,8 +58,10 @@ def main():
     for k in sorted(kernels, key=lambda k: (k["arch"], names[k["kernel"]])):
         spill = k.get("spill_stores", 0) + k.get("spill_loads", 0)
         short = re.sub(r"\(anonymous namespace\)::|flashmla_perm::", "", names[k["kernel"]])
-        print(f"{k['arch']:7} {k.get('registers', -1):4} {k.get('static_smem', 0):5} "
-              f"{k.get('stack', -1):5} {spill:5}  {short}")
+        print(
+            f"{k['arch']:7} {k.get('registers', -1):4} {k.get('static_smem', 0):5} "
+            f"{k.get('stack', -1):5} {spill:5}  {short}"
+        )
         if k.get("stack", 1) or spill:
             bad.append(short)
     # sm_100 (B200, GB200; B300 runs its code) from nvcc's newer NVVM took 2x
@@ -75,8 +79,10 @@ def main():
     if bad:
         print(f"ptxas gate FAILED: spills, stack frames or sm_100 registers in {len(bad)} kernel(s): {bad}")
         return 1
-    print(f"ptxas gate passed: {len(kernels)} kernel builds, no spills, no stack frames "
-          "(shared memory is dynamic: tile sizes in csrc/launch.h)")
+    print(
+        f"ptxas gate passed: {len(kernels)} kernel builds, no spills, no stack frames "
+        "(shared memory is dynamic: tile sizes in csrc/launch.h)"
+    )
     return 0
 
 

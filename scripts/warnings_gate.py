@@ -13,8 +13,10 @@ import sys
 
 OWN = re.compile(r"(?:^|/)(?:csrc|tests/harness)/[^/\s:()]+$")
 # g++: "path:line[:col]: warning: text"; nvcc's front end: "path(line): warning #123-D: text".
-LOCATED = re.compile(r"^(?P<path>[^\s:()][^:()]*?)(?::(?P<line>\d+)(?::\d+)?|\((?P<nline>\d+)\)):"
-                     r" warning(?: #[\w-]+)?: (?P<text>.*)$")
+LOCATED = re.compile(
+    r"^(?P<path>[^\s:()][^:()]*?)(?::(?P<line>\d+)(?::\d+)?|\((?P<nline>\d+)\)):"
+    r" warning(?: #[\w-]+)?: (?P<text>.*)$"
+)
 PTXAS = re.compile(r"^ptxas (?:warning|/ .* warning) ?: (?P<text>.*)$")
 UNLOCATED = re.compile(r"^(?:nvcc|cc1plus|g\+\+|c\+\+|cicc|cudafe\+\+)(?:: |\s)warning ?: ", re.I)
 
@@ -45,10 +47,14 @@ def main(paths):
         for line in unique:
             print(f"  {line}")
         if other:
-            print(f"  ({len(other)} warning(s) about other files or the driver, not ours:"
-                  f" {sorted(set(other))[0][:160]} ...)")
-        print(f"warnings gate: {path}: {len(unique)} warning(s) in the project's own sources"
-              f" -> {'FAIL' if unique else 'ok'}")
+            print(
+                f"  ({len(other)} warning(s) about other files or the driver, not ours:"
+                f" {sorted(set(other))[0][:160]} ...)"
+            )
+        print(
+            f"warnings gate: {path}: {len(unique)} warning(s) in the project's own sources"
+            f" -> {'FAIL' if unique else 'ok'}"
+        )
         failed |= bool(unique)
     sys.exit(1 if failed else 0)
 

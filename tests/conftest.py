@@ -11,8 +11,14 @@ INFO = flashmla_perm.build_info()
 NATIVE = INFO["native"]
 
 DTYPES = [
-    torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu,
-    torch.bfloat16, torch.float16, torch.float32,
+    torch.uint8,
+    torch.int8,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e8m0fnu,
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
 ]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -36,6 +42,7 @@ def pytest_sessionstart(session):
 
 def vllm_version():
     import importlib.metadata
+
     try:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -74,16 +81,19 @@ def pytest_sessionfinish(session, exitstatus):
 
 # gpu_launches(op, dims) for every model op at TP 1, 2, 4 and 8 (DeepSeek-V4.1's
 # shapes, wq_b's K reduced), and a few odd shapes.
-LAUNCH_CASES = [
-    ("wq_b", [64 // tp * 512, 1280, 64 // tp]) for tp in (1, 2, 4, 8)
-] + [
-    ("wo_a", [8 // tp * 1024, 4096, 8]) for tp in (1, 2, 4, 8)
-] + [
-    ("wq_b_packed", [64 // tp * 512, 1280, 64 // tp, 32]) for tp in (1, 2, 4, 8)
-] + [
-    ("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)
-] + [("wq_b_packed", [3 * 48, 1024, 3, 128]), ("wv_packed", [3, 33, 1024, 8]),
-     ("permute_q", [4096, 64, 512, 2]), ("permute_q", [4096, 128, 512, 2]), ("permute_q", [3, 5, 48, 2])]
+LAUNCH_CASES = (
+    [("wq_b", [64 // tp * 512, 1280, 64 // tp]) for tp in (1, 2, 4, 8)]
+    + [("wo_a", [8 // tp * 1024, 4096, 8]) for tp in (1, 2, 4, 8)]
+    + [("wq_b_packed", [64 // tp * 512, 1280, 64 // tp, 32]) for tp in (1, 2, 4, 8)]
+    + [("wv_packed", [max(8 // tp, 1), 1024, 4096, 8]) for tp in (1, 2, 4, 8)]
+    + [
+        ("wq_b_packed", [3 * 48, 1024, 3, 128]),
+        ("wv_packed", [3, 33, 1024, 8]),
+        ("permute_q", [4096, 64, 512, 2]),
+        ("permute_q", [4096, 128, 512, 2]),
+        ("permute_q", [3, 5, 48, 2]),
+    ]
+)
 
 
 def random_tensor(shape, dtype=torch.uint8, device="cpu", gen=None):

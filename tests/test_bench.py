@@ -13,8 +13,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_load_time as bench  # noqa: E402
 
 
-@pytest.mark.parametrize("nbytes,dtype", [(4096, torch.int64), (4092, torch.int32), (4094, torch.int16),
-                                          (4095, torch.uint8)])
+@pytest.mark.parametrize(
+    "nbytes,dtype", [(4096, torch.int64), (4092, torch.int32), (4094, torch.int16), (4095, torch.uint8)]
+)
 def test_words_tile_the_storage(nbytes, dtype):
     t = torch.empty(nbytes, dtype=torch.uint8).random_(0, 256)
     w = bench.words(t)

@@ -38,12 +38,15 @@ def build_info_of(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "FLASHMLA_PERM_FORCE_REFERENCE"}
     env.pop("PYTHONPATH", None)
     # An editable install's finder would hand out the repository's _C: drop it.
-    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path"
-            " if '__editable__' not in getattr(f, '__module__', '')];"
-            "import json, flashmla_perm; info = flashmla_perm.build_info();"
-            " info['file'] = flashmla_perm.__file__; print(json.dumps(info))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path"
+        " if '__editable__' not in getattr(f, '__module__', '')];"
+        "import json, flashmla_perm; info = flashmla_perm.build_info();"
+        " info['file'] = flashmla_perm.__file__; print(json.dumps(info))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert Path(info["file"]).resolve().parent == (tmp_path / "flashmla_perm").resolve()
@@ -81,7 +84,8 @@ def test_not_built(tmp_path):
 def test_built_for_another_torch(tmp_path):
     (tmp_path / f"_C{SUFFIX}").write_bytes(stamp("2.9.1+cu128"))
     error = _ops.explain_native_error(
-        ImportError(f"{tmp_path}/_C{SUFFIX}: undefined symbol: _ZN3c104impl3fooEv"), str(tmp_path), "2.13.0+cpu")
+        ImportError(f"{tmp_path}/_C{SUFFIX}: undefined symbol: _ZN3c104impl3fooEv"), str(tmp_path), "2.13.0+cpu"
+    )
     assert error.startswith("built for another torch"), error
     assert "built for torch 2.9.1+cu128" in error and "this is torch 2.13.0+cpu" in error, error
     assert COMMAND in error and "undefined symbol" in error, error
@@ -118,9 +122,11 @@ def test_a_real_module_built_for_another_torch(tmp_path):
     the dynamic loader reports it."""
     package = package_copy(tmp_path)
     source = tmp_path / "fake.c"
-    source.write_text('const char stamp[] = "flashmla_perm built for torch 0.0.1+other";\n'
-                      "extern void c10_symbol_of_another_torch(void);\n"
-                      "void *PyInit__C(void) { c10_symbol_of_another_torch(); return (void *)stamp; }\n")
+    source.write_text(
+        'const char stamp[] = "flashmla_perm built for torch 0.0.1+other";\n'
+        "extern void c10_symbol_of_another_torch(void);\n"
+        "void *PyInit__C(void) { c10_symbol_of_another_torch(); return (void *)stamp; }\n"
+    )
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(package / f"_C{SUFFIX}"), str(source)], check=True)
     info = build_info_of(tmp_path)
     assert not info["native"]

@@ -62,8 +62,10 @@ def model_tensors(gen, k=256, wo_rows=64, heads=TP8_HEADS, q_heads=64):
     scale, a wo_a shard (a few rows) + scale, Q activations of `q_heads` heads."""
     rows = heads * 512
     return [
-        random_tensor((rows, k), FP8, gen=gen), random_tensor((rows, k // 32), gen=gen),
-        random_tensor((wo_rows, 8 * 512), FP8, gen=gen), random_tensor((wo_rows, 8 * 512 // 32), gen=gen),
+        random_tensor((rows, k), FP8, gen=gen),
+        random_tensor((rows, k // 32), gen=gen),
+        random_tensor((wo_rows, 8 * 512), FP8, gen=gen),
+        random_tensor((wo_rows, 8 * 512 // 32), gen=gen),
         random_tensor((4, q_heads, 512), torch.bfloat16, gen=gen),
     ]
 
@@ -95,11 +97,17 @@ def evict_plan_caches():
     """72 new keys of each kind, on the current stream: more than the 64 each
     plan cache holds, so every entry there before is evicted."""
     for h in range(2, 2 + 72):  # row plans: (heads, head_dim 16, forward)
-        fp.permute_wq_b_(torch.zeros((h * 16, 16), dtype=torch.uint8, device="cuda"),
-                         torch.zeros((h * 16, 1), dtype=torch.uint8, device="cuda"), h)
+        fp.permute_wq_b_(
+            torch.zeros((h * 16, 16), dtype=torch.uint8, device="cuda"),
+            torch.zeros((h * 16, 1), dtype=torch.uint8, device="cuda"),
+            h,
+        )
     for g in range(1, 1 + 72):  # column plans: (O and O chunk, g heads, head_dim 32)
-        fp.permute_wo_a_(torch.zeros((2, g * 32), dtype=torch.uint8, device="cuda"),
-                         torch.zeros((2, g), dtype=torch.uint8, device="cuda"), g)
+        fp.permute_wo_a_(
+            torch.zeros((2, g * 32), dtype=torch.uint8, device="cuda"),
+            torch.zeros((2, g), dtype=torch.uint8, device="cuda"),
+            g,
+        )
     for h in range(1, 1 + 72):  # column plans: (Q, h heads, head_dim 16, bf16)
         fp.permute_q_to_fused(torch.zeros((1, h, 16), dtype=torch.bfloat16, device="cuda"))
 
@@ -174,11 +182,13 @@ def test_eight_threads_each_on_its_own_stream():
     def job(i):
         g = torch.Generator().manual_seed(100 + i)
         heads = [2, 4, 8, 16][i % 4]
-        cpu = [random_tensor((heads * 512, 64 + 32 * (i % 3)), FP8, gen=g),
-               random_tensor((heads * 512, 2 + i % 3), gen=g),
-               random_tensor((24 + i, 8 * 128 * (1 + i % 3)), FP8, gen=g),
-               random_tensor((24 + i, 32 * (1 + i % 3)), gen=g),
-               random_tensor((3, heads * 4, 512), torch.bfloat16, gen=g)]
+        cpu = [
+            random_tensor((heads * 512, 64 + 32 * (i % 3)), FP8, gen=g),
+            random_tensor((heads * 512, 2 + i % 3), gen=g),
+            random_tensor((24 + i, 8 * 128 * (1 + i % 3)), FP8, gen=g),
+            random_tensor((24 + i, 32 * (1 + i % 3)), gen=g),
+            random_tensor((3, heads * 4, 512), torch.bfloat16, gen=g),
+        ]
         e = [t.clone() for t in cpu]
         reps = 3
         for _ in range(reps):
@@ -273,11 +283,14 @@ def test_graph_capture_and_replay_of_the_model_ops(kind, inverse, gen):
     w0, s0 = cpu[:2] if kind == "wq_b" else cpu[2:4]
     w, s = w0.cuda(), s0.cuda()
     if kind == "wq_b":
+
         def fn(w, s, mod):
             (mod.unpermute_wq_b_ if inverse else mod.permute_wq_b_)(w, s, TP8_HEADS)
     else:
+
         def fn(w, s, mod):
             (mod.unpermute_wo_a_ if inverse else mod.permute_wo_a_)(w, s)
+
     fn(w, s, fp)  # builds the plans, uploads their arrays from the default stream's pool
     warm_up(lambda: fn(w, s, fp))
     graph = torch.cuda.CUDAGraph()
@@ -370,7 +383,8 @@ def test_no_host_sync_once_the_plans_are_built(gen):
         torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.synchronize()
     assert still_queued and host_seconds < 0.25, (
-        f"the calls took {host_seconds * 1e3:.0f} ms of host time with a 500 ms sleep queued: they waited for the GPU")
+        f"the calls took {host_seconds * 1e3:.0f} ms of host time with a 500 ms sleep queued: they waited for the GPU"
+    )
     for got, want in zip(t[:4] + [fused], expected):
         assert_same_bytes(got, want)
     assert_same_bytes(back, expected_back)
@@ -393,8 +407,7 @@ def test_tensor_over_2_31_bytes_on_cuda(kind):
     free, _ = torch.cuda.mem_get_info()
     if free < 3 * need:
         pytest.skip(f"needs {3 * need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
-    column_bytes = torch.randint(0, 256, (cols,), dtype=torch.uint8,
-                                 generator=torch.Generator().manual_seed(7)).cuda()
+    column_bytes = torch.randint(0, 256, (cols,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)).cuda()
 
     def pattern(r, n):
         """Row r: per-column bytes plus a per-row value (uint8 wrap), its first
@@ -482,8 +495,7 @@ def sweep_plans():
     import model
 
     fields = model.PLAN_FIELDS  # the executor's plan environment as gpu_launches' fields
-    return [("default", {})] + [(label, {fields[k]: int(v) for k, v in env.items()})
-                                for label, env, _ in check.SWEEP]
+    return [("default", {})] + [(label, {fields[k]: int(v) for k, v in env.items()}) for label, env, _ in check.SWEEP]
 
 
 @needs_kernels
@@ -507,9 +519,9 @@ def test_every_planned_cta_is_resident_at_once(label, plan):
             resident = _ops._C.cuda_resident_ctas_per_sm(*key, torch.cuda.current_device())
             assert launch["ctas_per_sm"] == min(resident, fields["max_ctas_per_sm"]), (
                 f"{op} {dims} under {label}: planned {launch['ctas_per_sm']} CTAs per SM, the occupancy "
-                f"calculator gives {resident} ({launch})")
+                f"calculator gives {resident} ({launch})"
+            )
             checked.add(key)
     # (No model op cuts a cycle, so none plans the save pass: save_heads has
     # no shared memory, and the harness checks the registers' count for all.)
     assert {kernel for kernel, _, _ in checked} == {"rows", "cols"}, checked
-

@@ -20,8 +20,10 @@ MiB = 1 << 20
 
 
 @pytest.mark.skipif(not NATIVE, reason="the bound is the native module's (the reference gathers a copy)")
-@pytest.mark.skipif(bool(os.environ.get("FLASHMLA_PERM_SANITIZE")),
-                    reason="a sanitizer's shadow memory and quarantine are not the module's")
+@pytest.mark.skipif(
+    bool(os.environ.get("FLASHMLA_PERM_SANITIZE")),
+    reason="a sanitizer's shadow memory and quarantine are not the module's",
+)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize("case", list(extra_memory.CASES))
 def test_extra_memory_within_the_bound(case):

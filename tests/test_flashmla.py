@@ -105,12 +105,15 @@ def test_q_b_proj(device, h_q, gran, k, via, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("h_q,d_q,k,gran", [
-    (1, 16, 128, 32),    # one head (identity), one word per row
-    (3, 48, 1024, 128),  # odd heads, two words
-    (2, 64, 1280, 32),   # the model's K: ten words
-    (128, 16, 128, 32),  # many heads of the smallest d_q
-])
+@pytest.mark.parametrize(
+    "h_q,d_q,k,gran",
+    [
+        (1, 16, 128, 32),  # one head (identity), one word per row
+        (3, 48, 1024, 128),  # odd heads, two words
+        (2, 64, 1280, 32),  # the model's K: ten words
+        (128, 16, 128, 32),  # many heads of the smallest d_q
+    ],
+)
 def test_q_b_proj_odd_shapes(device, h_q, d_q, k, gran, gen):
     weight, scale, _ = q_b_inputs(h_q, d_q, k, gran, device, gen)
     rows, words = h_q * d_q, k // (4 * gran)
@@ -183,12 +186,15 @@ def test_wv_proj(device, n_groups, out, via, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n_groups,out,group,d_o", [
-    (1, 1, 8, 512),   # one output row: stride(1) is not looked at
-    (3, 5, 4, 32),    # one word per row
-    (2, 7, 1, 512),   # one head: the identity
-    (1, 3, 16, 64),   # other group sizes
-])
+@pytest.mark.parametrize(
+    "n_groups,out,group,d_o",
+    [
+        (1, 1, 8, 512),  # one output row: stride(1) is not looked at
+        (3, 5, 4, 32),  # one word per row
+        (2, 7, 1, 512),  # one head: the identity
+        (1, 3, 16, 64),  # other group sizes
+    ],
+)
 def test_wv_proj_odd_shapes(device, n_groups, out, group, d_o, gen):
     weight, scale, _ = wv_inputs(n_groups, out, group, d_o, device, gen)
     words = group * d_o // 128
@@ -202,8 +208,7 @@ def test_strided_weights_are_fine(device, gen):
     wide = random_tensor((256, 160), FP8, device, gen)
     weight = wide[:, 16:144]
     scale = mn_major_input(random_tensor((256, 1), torch.int32, device, gen), gen)
-    check_outputs(fm.permute_q_b_proj((weight, scale), 8, 32),
-                  ref.permute_q_b_proj((weight, scale), 8, 32), (1, 256))
+    check_outputs(fm.permute_q_b_proj((weight, scale), 8, 32), ref.permute_q_b_proj((weight, scale), 8, 32), (1, 256))
     t = random_tensor((6, 2, 1024), FP8, device, gen).transpose(0, 1)
     s = mn_major_input(random_tensor((2, 6, 8), torch.int32, device, gen), gen)
     check_outputs(fm.permute_wv_proj((t, s), 2, 512), ref.permute_wv_proj((t, s), 2, 512), (2, 8, 8))

@@ -27,11 +27,11 @@ EXAMPLES = int(os.environ.get("FLASHMLA_PERM_FUZZ_EXAMPLES", "1000"))
 ops = torch.ops.flashmla_perm
 
 # Figures the labels compare with (csrc/plan.h, csrc/launch.h, csrc/launch.cpp).
-K_MAX_SEGMENT = 64      # longer cycles are cut into segments, with scratch
-K_MAX_UNIT_ROWS = 64    # indices grouped into one unit at most
-GPU_SLICE = 128         # GPU row tiles cut lines into slices of this many bytes
-CPU_COL_TILE = 4096     # CPU column tiles: rows wider than this are one per tile
-SPECIAL_SHARE = 25      # 1 in this many draws is an empty view; as many the identity
+K_MAX_SEGMENT = 64  # longer cycles are cut into segments, with scratch
+K_MAX_UNIT_ROWS = 64  # indices grouped into one unit at most
+GPU_SLICE = 128  # GPU row tiles cut lines into slices of this many bytes
+CPU_COL_TILE = 4096  # CPU column tiles: rows wider than this are one per tile
+SPECIAL_SHARE = 25  # 1 in this many draws is an empty view; as many the identity
 
 
 def one_in(draw, k):
@@ -43,7 +43,7 @@ def one_in(draw, k):
 
 
 def special(draw):
-    """"empty", "identity" or None: each special case in 1 of SPECIAL_SHARE draws."""
+    """ "empty", "identity" or None: each special case in 1 of SPECIAL_SHARE draws."""
     k = one_in(draw, SPECIAL_SHARE)
     return "empty" if k == 1 else "identity" if k == 2 else None
 
@@ -136,8 +136,7 @@ def cases(draw):
     case = dict(
         op=draw(st.sampled_from(["rows", "cols", "cols_out"])),
         dtype=draw(st.sampled_from(DTYPES + [torch.int64])),
-        extent=draw(st.one_of(st.integers(2, 70), st.integers(65, 300),
-                              st.sampled_from([128, 256, 512, 1024, 4096]))),
+        extent=draw(st.one_of(st.integers(2, 70), st.integers(65, 300), st.sampled_from([128, 256, 512, 1024, 4096]))),
         other=draw(st.integers(1, 40)),
         kind=draw(st.sampled_from(KINDS)),
         offset=draw(st.integers(0, 17)),
@@ -156,8 +155,12 @@ def cases(draw):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=cases())
 def test_fuzz_against_reference(device, case):
     gen = torch.Generator().manual_seed(case["seed"])
@@ -209,10 +212,12 @@ def strided_cases(draw):
     rank = 3 if long_path else 1 + one_in(draw, 4)
     dtype = draw(st.sampled_from(DTYPES + [torch.int64]))
     dim = draw(st.integers(0, rank - 1))
-    sizes = draw(st.lists(st.one_of(st.integers(1, 7), st.sampled_from([16, 33, 64, 100, 200])),
-                          min_size=rank, max_size=rank))
-    sizes[dim] = draw(st.one_of(st.integers(2, 7), st.sampled_from([16, 33, 64]), st.integers(65, 300),
-                                st.sampled_from([520, 1100])))
+    sizes = draw(
+        st.lists(st.one_of(st.integers(1, 7), st.sampled_from([16, 33, 64, 100, 200])), min_size=rank, max_size=rank)
+    )
+    sizes[dim] = draw(
+        st.one_of(st.integers(2, 7), st.sampled_from([16, 33, 64]), st.integers(65, 300), st.sampled_from([520, 1100]))
+    )
     order = draw(st.permutations(range(rank)))  # innermost last
     steps = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
     if draw(st.integers(0, 3)) == 0:  # a contiguous innermost dim (the column engine, if it is dim)
@@ -243,9 +248,14 @@ def strided_cases(draw):
         offset=draw(st.integers(0, 17)),
         dim=dim - rank if draw(st.booleans()) else dim,  # negative dims too
         dtype=dtype,
-        kind=("identity" if edge == "identity" else
-              "cycle" if long_path else  # (a random permutation's cycles may all be short)
-              draw(st.sampled_from(KINDS))),
+        kind=(
+            "identity"
+            if edge == "identity"
+            else "cycle"
+            if long_path
+            # (a random permutation's cycles may all be short)
+            else draw(st.sampled_from(KINDS))
+        ),
         int32=draw(st.booleans()),
         public=draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
@@ -284,29 +294,34 @@ def unit_shape(view, d, unit):
     return math.prod(size for size, _ in merged), run
 
 
-
 def strided_view(base, case):
     """The drawn view of `base` (1-D): a contiguous block at `offset` holding
     the dims in `order`, each of full size start + step * (size - 1) + 1 + pad,
     permuted back to the logical order and sliced start::step."""
     sizes, order = case["sizes"], case["order"]
-    full = [st_ + sp * max(s - 1, 0) + 1 + p
-            for s, sp, st_, p in zip(sizes, case["steps"], case["starts"], case["pads"])]
-    block = base[case["offset"]:case["offset"] + math.prod(full)].view([full[d] for d in order])
+    full = [
+        st_ + sp * max(s - 1, 0) + 1 + p for s, sp, st_, p in zip(sizes, case["steps"], case["starts"], case["pads"])
+    ]
+    block = base[case["offset"] : case["offset"] + math.prod(full)].view([full[d] for d in order])
     logical = block.permute([order.index(d) for d in range(len(sizes))])
-    return logical[tuple(slice(st_, st_ + sp * s, sp)
-                         for s, sp, st_ in zip(sizes, case["steps"], case["starts"]))]
+    return logical[tuple(slice(st_, st_ + sp * s, sp) for s, sp, st_ in zip(sizes, case["steps"], case["starts"]))]
 
 
 def _full_numel(case):
-    full = [st_ + sp * max(s - 1, 0) + 1 + p
-            for s, sp, st_, p in zip(case["sizes"], case["steps"], case["starts"], case["pads"])]
+    full = [
+        st_ + sp * max(s - 1, 0) + 1 + p
+        for s, sp, st_, p in zip(case["sizes"], case["steps"], case["starts"], case["pads"])
+    ]
     return case["offset"] + math.prod(full) + 5
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(case=strided_cases())
 def test_fuzz_permute_any_layout(device, case):
     gen = torch.Generator().manual_seed(case["seed"])

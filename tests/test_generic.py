@@ -124,8 +124,12 @@ def test_the_gather_path_checks_perm_before_moving(dtype, gen):
     before = t.clone()
     _ops._C.clear_plan_caches()
     cpu = _ops.path_counts()["cpu"]
-    for bad, words in [(torch.zeros(n), "more than once"), (torch.arange(n) + 1, "out of range"),
-                       (torch.arange(n).flip(0) - 1, "out of range"), (torch.arange(n) % (n - 1), "more than once")]:
+    for bad, words in [
+        (torch.zeros(n), "more than once"),
+        (torch.arange(n) + 1, "out of range"),
+        (torch.arange(n).flip(0) - 1, "out of range"),
+        (torch.arange(n) % (n - 1), "more than once"),
+    ]:
         with pytest.raises(ValueError, match=words):
             fp.permute_(t, bad.to(dtype), 0)
         assert_same_bytes(t, before)

@@ -31,16 +31,41 @@ def in_place_calls(device, gen):
 
     dev_rows = rows.to(device)
     return [
-        ("permute_", lambda t: ops.permute_(t, dev_rows, 0), [x.clone()],
-         expected(lambda t: ref.permute_rows_(t, rows), x), [dev_rows]),
-        ("permute_rows_", lambda t: ops.permute_rows_(t, rows), [x.clone()],
-         expected(lambda t: ref.permute_rows_(t, rows), x), [rows]),
-        ("permute_cols_", lambda t: ops.permute_cols_(t, cols), [x.clone()],
-         expected(lambda t: ref.permute_cols_(t, cols), x), [cols]),
-        ("permute_wq_b_", lambda a, b: ops.permute_wq_b_(a, b, 2), [w.clone(), s.clone()],
-         expected(lambda a, b: ref.permute_wq_b_(a, b, 2), w, s), []),
-        ("permute_wo_a_", lambda a, b: ops.permute_wo_a_(a, b, 8, True), [ow.clone(), os_.clone()],
-         expected(lambda a, b: ref.unpermute_wo_a_(a, b, 8), ow, os_), []),
+        (
+            "permute_",
+            lambda t: ops.permute_(t, dev_rows, 0),
+            [x.clone()],
+            expected(lambda t: ref.permute_rows_(t, rows), x),
+            [dev_rows],
+        ),
+        (
+            "permute_rows_",
+            lambda t: ops.permute_rows_(t, rows),
+            [x.clone()],
+            expected(lambda t: ref.permute_rows_(t, rows), x),
+            [rows],
+        ),
+        (
+            "permute_cols_",
+            lambda t: ops.permute_cols_(t, cols),
+            [x.clone()],
+            expected(lambda t: ref.permute_cols_(t, cols), x),
+            [cols],
+        ),
+        (
+            "permute_wq_b_",
+            lambda a, b: ops.permute_wq_b_(a, b, 2),
+            [w.clone(), s.clone()],
+            expected(lambda a, b: ref.permute_wq_b_(a, b, 2), w, s),
+            [],
+        ),
+        (
+            "permute_wo_a_",
+            lambda a, b: ops.permute_wo_a_(a, b, 8, True),
+            [ow.clone(), os_.clone()],
+            expected(lambda a, b: ref.unpermute_wo_a_(a, b, 8), ow, os_),
+            [],
+        ),
     ]
 
 

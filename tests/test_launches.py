@@ -11,8 +11,12 @@ from conftest import LAUNCH_CASES
 from flashmla_perm import _ops
 
 needs_native = pytest.mark.skipif(not flashmla_perm.build_info()["native"], reason="native module not loaded")
-DEVICES = [None, {"regs_per_thread": 92}, {"regs_per_thread": 80},
-           {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024}]
+DEVICES = [
+    None,
+    {"regs_per_thread": 92},
+    {"regs_per_thread": 80},
+    {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024},
+]
 
 
 @needs_native
@@ -43,8 +47,14 @@ def test_device_fields_name_the_spec_gpu_launches_plans_with():
     h200 = _ops._C.gpu_device_fields()
     assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 71, 56)
     assert (h200["row_stages"], h200["col_stages"]) == (2, 1)  # the default plan (csrc/launch.h)
-    odd = {"sm_count": 7, "max_ctas_per_sm": 3, "smem_per_sm": 100 * 1024, "row_stages": 1, "col_stages": 2,
-           "tile_budget": 8192}
+    odd = {
+        "sm_count": 7,
+        "max_ctas_per_sm": 3,
+        "smem_per_sm": 100 * 1024,
+        "row_stages": 1,
+        "col_stages": 2,
+        "tile_budget": 8192,
+    }
     full = _ops._C.gpu_device_fields({**odd, "regs_per_thread": 80})
     assert {k: full[k] for k in odd} == odd
     assert full["regs_rows"] == full["regs_save_heads"] == full["regs_cols"] == 80
@@ -69,9 +79,11 @@ def test_the_launches_say_which_column_jobs_gather_in_the_stage_loop():
     """gpu_launches reports the kernels' own choice (tile_bodies.h
     gathers_in_stage): the wo_a and wv weights (32-byte chunks) and
     permute_q gather in the stage loop; the scales (1-byte chunks) do not."""
-    for op, dims, want in (("wo_a", [1024, 4096, 8], [True, False]),
-                           ("wv_packed", [8, 1024, 4096, 8], [True, False]),
-                           ("permute_q", [4096, 64, 512, 2], [True])):
+    for op, dims, want in (
+        ("wo_a", [1024, 4096, 8], [True, False]),
+        ("wv_packed", [8, 1024, 4096, 8], [True, False]),
+        ("permute_q", [4096, 64, 512, 2], [True]),
+    ):
         jobs = [j for launch in _ops._C.gpu_launches(op, dims, {}) for j in launch["jobs"]]
         assert [j["gathered_stage"] for j in jobs] == want, (op, jobs)
 
@@ -130,8 +142,16 @@ def test_the_sweep_plans_reach_the_launches():
 
 
 @needs_native
-@pytest.mark.parametrize("op,dims", [("wq_b", [100, 64, 3]), ("wq_b", [96, 40, 3]), ("wo_a", [8, 100, 4]),
-                                     ("wv_packed", [2, 8, 96, 3]), ("permute_q", [4, 2, 24, 2])])
+@pytest.mark.parametrize(
+    "op,dims",
+    [
+        ("wq_b", [100, 64, 3]),
+        ("wq_b", [96, 40, 3]),
+        ("wo_a", [8, 100, 4]),
+        ("wv_packed", [2, 8, 96, 3]),
+        ("permute_q", [4, 2, 24, 2]),
+    ],
+)
 def test_gpu_launches_refuse_shapes_the_layouts_do_not_define(op, dims):
     """Shapes outside the model's layouts raise (they once indexed past the
     end of the permutation being built)."""

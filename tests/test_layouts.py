@@ -12,8 +12,7 @@ import torch
 import flashmla_perm as fp
 from flashmla_perm import reference as ref
 
-from conftest import (DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path,
-                      random_tensor)
+from conftest import DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path, random_tensor
 
 ops = torch.ops.flashmla_perm
 FP8 = torch.float8_e4m3fn
@@ -33,7 +32,6 @@ def _stepped(shape):
     return full, tuple(slices)
 
 
-
 def layout(shape, kind):
     """(number of base elements, f): f(base 1-D contiguous) is a view of `shape`."""
     shape, r = list(shape), len(shape)
@@ -41,10 +39,10 @@ def layout(shape, kind):
     if kind == "contiguous":
         return n, lambda b: b.view(shape)
     if kind == "offset":
-        return n + 18, lambda b: b[13:13 + n].view(shape)
+        return n + 18, lambda b: b[13 : 13 + n].view(shape)
     if kind == "padded":  # rows wider than the view: a column slice
         phys = shape[:-1] + [shape[-1] + 3]
-        return math.prod(phys), lambda b: b.view(phys)[..., 1:1 + shape[-1]]
+        return math.prod(phys), lambda b: b.view(phys)[..., 1 : 1 + shape[-1]]
     if kind == "transposed":  # every dim reversed (t.t() at rank 2)
         rev = list(range(r))[::-1]
         return n, lambda b: b.view([shape[d] for d in rev]).permute(rev)
@@ -59,7 +57,7 @@ def layout(shape, kind):
         full, slices = _stepped(shape)
         rev = list(range(r))[::-1]
         m = math.prod(full)
-        return m + 11, lambda b: b[7:7 + m].view([full[d] for d in rev]).permute(rev)[slices]
+        return m + 11, lambda b: b[7 : 7 + m].view([full[d] for d in rev]).permute(rev)[slices]
     raise ValueError(kind)
 
 
@@ -128,13 +126,16 @@ def test_permute_any_dim_any_layout(device, rank, kind, dtype, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape,kind,dims", [
-    ((64, 1280), "transposed", (0, 1)),       # wq_b-sized rows, stored transposed
-    ((4096, 40), "stepped", (0, -1)),         # DeepGEMM-like scale rows, stepped
-    ((33, 17, 129), "rolled", (0, 1, 2)),     # odd extents, dims stored rolled
-    ((8, 16, 512), "mixed", (-1, 1)),         # wo_a-like columns of a strided 3-D view
-    ((3, 5000), "padded", (-1,)),             # long rows with padding
-])
+@pytest.mark.parametrize(
+    "shape,kind,dims",
+    [
+        ((64, 1280), "transposed", (0, 1)),  # wq_b-sized rows, stored transposed
+        ((4096, 40), "stepped", (0, -1)),  # DeepGEMM-like scale rows, stepped
+        ((33, 17, 129), "rolled", (0, 1, 2)),  # odd extents, dims stored rolled
+        ((8, 16, 512), "mixed", (-1, 1)),  # wo_a-like columns of a strided 3-D view
+        ((3, 5000), "padded", (-1,)),  # long rows with padding
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.int64])
 def test_permute_larger_views(device, shape, kind, dims, dtype, gen):
     n, f = layout(shape, kind)
@@ -205,8 +206,7 @@ def test_permute_zero_size_and_size_one(device, gen):
 def test_permute_opcheck_and_meta(device, gen):
     x = random_tensor((12, 10, 6), torch.uint8, device, gen)
     for dim in (0, 1, -1):
-        torch.library.opcheck(ops.permute_.default,
-                              (x.clone(), torch.randperm(x.shape[dim], generator=gen), dim))
+        torch.library.opcheck(ops.permute_.default, (x.clone(), torch.randperm(x.shape[dim], generator=gen), dim))
     torch.library.opcheck(ops.permute_.default, (x.clone().transpose(0, 2), torch.randperm(6), 0))
     m = torch.empty((8, 4), dtype=torch.bfloat16, device="meta").t()
     fp.permute_(m, torch.randperm(4), 0)
@@ -226,8 +226,7 @@ def test_pack_and_unpack_follow_the_layout(gen):
     assert torch.equal(words, b.view(torch.int32))
     assert torch.equal(ref.unpack_ue8m0(words), b)
     assert torch.equal(ref.unpack_ue8m0(words.transpose(0, 1)), b.transpose(0, 1))
-    assert int(ref.pack_ue8m0(torch.tensor([[1, 2, 3, 0x80]], dtype=torch.uint8))[0, 0]) == \
-        0x80030201 - 2**32
+    assert int(ref.pack_ue8m0(torch.tensor([[1, 2, 3, 0x80]], dtype=torch.uint8))[0, 0]) == 0x80030201 - 2**32
 
 
 @pytest.mark.parametrize("shape", [(7, 3), (16, 1), (2, 5, 4), (3, 1, 2)])
@@ -303,13 +302,13 @@ def test_wq_b_with_deepgemm_mn_major_scale(device, h_q, gran, k, inverse, gen):
 def _wq_b_scales(rows, device, gen):
     """Scales of other strides and dtypes: (base, f) pairs."""
     t = random_tensor((40, rows), torch.float32, device, gen)
-    yield t, lambda x: x.t()                                   # float32, transposed
+    yield t, lambda x: x.t()  # float32, transposed
     p = random_tensor((rows, 7), torch.int32, device, gen)
-    yield p, lambda x: x[:, 1:4]                               # int32, padded rows
+    yield p, lambda x: x[:, 1:4]  # int32, padded rows
     s = random_tensor((2 * rows, 9), torch.uint8, device, gen)
-    yield s, lambda x: x[::2, ::3]                             # uint8, stepped both ways
+    yield s, lambda x: x[::2, ::3]  # uint8, stepped both ways
     o = random_tensor((rows * 5 + 9,), torch.float8_e8m0fnu, device, gen)
-    yield o, lambda x: x[9:].view(rows, 5)                     # storage offset
+    yield o, lambda x: x[9:].view(rows, 5)  # storage offset
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -318,9 +317,11 @@ def test_wq_b_with_other_strided_scales_and_weights(device, inverse, gen):
     h_q, rows, k = 8, 8 * 512, 96
     op, ref_op = Q_OPS[inverse]
     perm = fp.q_fused_permutation(h_q, 512)
-    weights = [plain(random_tensor((rows, k), FP8, device, gen)),
-               (random_tensor((k, rows), FP8, device, gen), lambda x: x.t()),
-               (random_tensor((rows, k + 16), torch.bfloat16, device, gen), lambda x: x[:, 16:])]
+    weights = [
+        plain(random_tensor((rows, k), FP8, device, gen)),
+        (random_tensor((k, rows), FP8, device, gen), lambda x: x.t()),
+        (random_tensor((rows, k + 16), torch.bfloat16, device, gen), lambda x: x[:, 16:]),
+    ]
     for i, scale in enumerate(_wq_b_scales(rows, device, gen)):
         check_model_op(op, ref_op, [weights[i % len(weights)], scale], (h_q,), device, perm)
 
@@ -361,8 +362,7 @@ def test_wo_a_2d_with_packed_scale(device, inverse, gen):
     # row-major with padded rows, MN-major, and a weight with padded rows
     padded = random_tensor((rows, 35), torch.int32, device, gen)
     wide = random_tensor((rows, group * head_dim + 64), FP8, device, gen)
-    check_model_op(op, ref_op, [(wide, lambda x: x[:, 32:-32]), (padded, lambda x: x[:, 2:34])],
-                   (group,), device, perm)
+    check_model_op(op, ref_op, [(wide, lambda x: x[:, 32:-32]), (padded, lambda x: x[:, 2:34])], (group,), device, perm)
     storage, f = padded_mn_major(packed, gen)
     check_model_op(op, ref_op, [plain(w), (storage, f)], (group,), device, perm)
 
@@ -392,9 +392,17 @@ def test_wo_a_3d_with_per_element_scale(device, scale_dtype, gen):
     for inverse in (False, True):
         op, ref_op = O_OPS[inverse]
         check_model_op(op, ref_op, [(w_storage, lambda x: x.transpose(0, 1)), plain(s)], (8,), device, perm)
-        check_model_op(op, ref_op, [plain(w_storage.transpose(0, 1).contiguous()),
-                                    (s.transpose(1, 2).contiguous(), lambda x: x.transpose(1, 2))],
-                       (8,), device, perm)
+        check_model_op(
+            op,
+            ref_op,
+            [
+                plain(w_storage.transpose(0, 1).contiguous()),
+                (s.transpose(1, 2).contiguous(), lambda x: x.transpose(1, 2)),
+            ],
+            (8,),
+            device,
+            perm,
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,25 +7,37 @@ import torch
 import flashmla_perm as fp
 from flashmla_perm import reference as ref
 
-from conftest import (DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path,
-                      poison, random_tensor)
+from conftest import DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path, poison, random_tensor
 
 # DeepSeek-V4.1-Flash: 64 heads, head_dim 512, q_lora_rank 1280, o_lora_rank 1024, 8 groups.
 HEADS, HEAD_DIM, Q_LORA, O_LORA, GROUPS = 64, 512, 1280, 1024, 8
 
 
-def wq_b_shard(tp, device, gen, weight_dtype=torch.float8_e4m3fn, scale_dtype=torch.uint8,
-               heads=HEADS, head_dim=HEAD_DIM, k=Q_LORA):
+def wq_b_shard(
+    tp, device, gen, weight_dtype=torch.float8_e4m3fn, scale_dtype=torch.uint8, heads=HEADS, head_dim=HEAD_DIM, k=Q_LORA
+):
     rows = heads // tp * head_dim
-    return (random_tensor((rows, k), weight_dtype, device, gen),
-            random_tensor((rows, k // 32), scale_dtype, device, gen))
+    return (
+        random_tensor((rows, k), weight_dtype, device, gen),
+        random_tensor((rows, k // 32), scale_dtype, device, gen),
+    )
 
 
-def wo_a_shard(tp, device, gen, weight_dtype=torch.float8_e4m3fn, scale_dtype=torch.uint8,
-               group=8, head_dim=HEAD_DIM, rows_per_group=O_LORA):
+def wo_a_shard(
+    tp,
+    device,
+    gen,
+    weight_dtype=torch.float8_e4m3fn,
+    scale_dtype=torch.uint8,
+    group=8,
+    head_dim=HEAD_DIM,
+    rows_per_group=O_LORA,
+):
     rows = GROUPS // tp * rows_per_group
-    return (random_tensor((rows, group * head_dim), weight_dtype, device, gen),
-            random_tensor((rows, group * head_dim // 32), scale_dtype, device, gen))
+    return (
+        random_tensor((rows, group * head_dim), weight_dtype, device, gen),
+        random_tensor((rows, group * head_dim // 32), scale_dtype, device, gen),
+    )
 
 
 def check_wq_b(w, s, heads, device):
@@ -66,13 +78,16 @@ def test_every_dtype(device, dtype, gen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("heads,head_dim,k", [
-    (1, 512, 64),     # one head: the Q permutation is the identity
-    (3, 32, 40),      # rows not a multiple of any tile, 40-byte rows
-    (5, 256, 1000),   # row bytes not a multiple of 16
-    (128, 512, 32),   # 128 heads: longer cycles
-    (2, 16, 8),       # smallest head_dim
-])
+@pytest.mark.parametrize(
+    "heads,head_dim,k",
+    [
+        (1, 512, 64),  # one head: the Q permutation is the identity
+        (3, 32, 40),  # rows not a multiple of any tile, 40-byte rows
+        (5, 256, 1000),  # row bytes not a multiple of 16
+        (128, 512, 32),  # 128 heads: longer cycles
+        (2, 16, 8),  # smallest head_dim
+    ],
+)
 def test_odd_wq_b(device, heads, head_dim, k, gen):
     w, s = wq_b_shard(1, device, gen, heads=heads, head_dim=head_dim, k=k)
     w, s = w, s[:, : max(1, k // 32)]
@@ -93,14 +108,18 @@ def test_odd_wo_a(device, group, head_dim, rows, gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("inverse", [False, True])
-@pytest.mark.parametrize("kind,weight_shape,scale_shape,heads", [
-    ("wq_b", (0, 64), (0, 2), 8),      # no rows: head_dim 0
-    ("wq_b", (256, 0), (256, 0), 4),   # rows of no bytes
-    ("wo_a", (4, 0), (4, 0), 8),       # no columns: head_dim 0
-    ("wo_a", (0, 512), (0, 16), 8),    # no rows
-])
-def test_empty_shards_are_left_as_the_reference_leaves_them(device, inverse, kind, weight_shape, scale_shape,
-                                                            heads, gen):
+@pytest.mark.parametrize(
+    "kind,weight_shape,scale_shape,heads",
+    [
+        ("wq_b", (0, 64), (0, 2), 8),  # no rows: head_dim 0
+        ("wq_b", (256, 0), (256, 0), 4),  # rows of no bytes
+        ("wo_a", (4, 0), (4, 0), 8),  # no columns: head_dim 0
+        ("wo_a", (0, 512), (0, 16), 8),  # no rows
+    ],
+)
+def test_empty_shards_are_left_as_the_reference_leaves_them(
+    device, inverse, kind, weight_shape, scale_shape, heads, gen
+):
     w = random_tensor(weight_shape, torch.float8_e4m3fn, device, gen)
     s = random_tensor(scale_shape, torch.uint8, device, gen)
     name = ("un" if inverse else "") + f"permute_{kind}_"
@@ -117,7 +136,7 @@ def test_views_with_storage_offset(device, offset, gen):
     base = random_tensor((rows * k + offset + 5,), torch.float8_e4m3fn, device, gen)
     sbase = random_tensor((rows * 2 + offset + 5,), torch.uint8, device, gen)
     eb, es = base.clone(), sbase.clone()
-    view = lambda b, n: b[offset:offset + rows * n].view(rows, n)
+    view = lambda b, n: b[offset : offset + rows * n].view(rows, n)
     ref.permute_wq_b_(view(eb, k), view(es, 2), 8)
     fp.permute_wq_b_(view(base, k), view(sbase, 2), 8)
     assert_same_bytes(base, eb)
@@ -126,7 +145,7 @@ def test_views_with_storage_offset(device, offset, gen):
     wbase = random_tensor((30 * 512 + offset,), torch.float8_e4m3fn, device, gen)
     wsbase = random_tensor((30 * 16 + offset,), torch.uint8, device, gen)
     ew, ews = wbase.clone(), wsbase.clone()
-    v = lambda b, n: b[offset:offset + 30 * n].view(30, n)
+    v = lambda b, n: b[offset : offset + 30 * n].view(30, n)
     ref.permute_wo_a_(v(ew, 512), v(ews, 16), 2)
     fp.permute_wo_a_(v(wbase, 512), v(wsbase, 16), 2)
     assert_same_bytes(wbase, ew)

@@ -66,8 +66,9 @@ def test_build_info_names_the_compiler():
 def run_python(code, env=None, timeout=600):
     full = dict(os.environ, **(env or {}))
     full.pop("FLASHMLA_PERM_FORCE_REFERENCE", None)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # --------------------------------------------------------------------------- compile report
@@ -84,8 +85,9 @@ def report(tmp_path_factory):
         return json.loads(Path(given).read_text()), Path(given).with_suffix(".txt").read_text()
     out = tmp_path_factory.mktemp("nvrtc") / "report.json"
     args = [a for arch in ARCHS for a in ("--arch", arch)] + ["--json", str(out), "--gate"]
-    done = subprocess.run([sys.executable, "-m", "flashmla_perm.nvrtc", *args], capture_output=True, text=True,
-                          timeout=1200)
+    done = subprocess.run(
+        [sys.executable, "-m", "flashmla_perm.nvrtc", *args], capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text()), done.stdout
 
@@ -113,8 +115,17 @@ def test_the_report_parser_reads_ptxas():
         ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
         ptxas info    : Used 92 registers, used 1 barriers, 16 bytes smem
         """)
-    assert nvrtc_cli.parse(log) == [{"kernel": "rows", "arch": "sm_90", "stack": 8, "spill_stores": 4,
-                                     "spill_loads": 12, "registers": 92, "static_smem": 16}]
+    assert nvrtc_cli.parse(log) == [
+        {
+            "kernel": "rows",
+            "arch": "sm_90",
+            "stack": 8,
+            "spill_stores": 4,
+            "spill_loads": 12,
+            "registers": 92,
+            "static_smem": 16,
+        }
+    ]
 
 
 # --------------------------------------------------------------------------- the cache
@@ -161,8 +172,16 @@ def test_processes_compiling_at_once_all_succeed_and_leave_one_whole_entry(tmp_p
         print(json.dumps(_ops._C.nvrtc_cached("sm_90", "", {SMALL_SOURCE!r})))
         """
     env = dict(os.environ, FLASHMLA_PERM_CACHE_DIR=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     go.touch()
     results = []
     for p in procs:
@@ -233,8 +252,9 @@ def test_a_missing_nvrtc_is_named_with_its_package(tmp_path):
         except RuntimeError as e:
             print(e)
         """
-    out = run_python(code, dict(FLASHMLA_PERM_NVRTC_LIBRARY=str(tmp_path / "libnvrtc.so.13"),
-                                FLASHMLA_PERM_CACHE_DIR=str(tmp_path)))
+    out = run_python(
+        code, dict(FLASHMLA_PERM_NVRTC_LIBRARY=str(tmp_path / "libnvrtc.so.13"), FLASHMLA_PERM_CACHE_DIR=str(tmp_path))
+    )
     assert "no NVRTC library was found" in out.stdout, out.stdout + out.stderr
     assert "pip install nvidia-cuda-nvrtc" in out.stdout and "FLASHMLA_PERM_NVRTC_LIBRARY" in out.stdout
     assert not (tmp_path / "nvrtc").exists()
@@ -256,13 +276,16 @@ GPU_PRELUDE = """
 
 @needs_gpu
 def test_the_kernels_compile_at_first_use_and_permute(tmp_path):
-    code = GPU_PRELUDE + """
+    code = (
+        GPU_PRELUDE
+        + """
         ops.permute_(t, perm, 0)
         torch.cuda.synchronize()
         assert torch.equal(t, before.index_select(0, perm.cuda()))
         assert _ops._C.path_counts()["cuda"] >= 1
         print("ok")
         """
+    )
     out = run_python(code, dict(FLASHMLA_PERM_CUDA="nvrtc", FLASHMLA_PERM_CACHE_DIR=str(tmp_path)))
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
     assert len(list((tmp_path / "nvrtc").glob("*.cubin"))) == 1
@@ -272,7 +295,9 @@ def test_the_kernels_compile_at_first_use_and_permute(tmp_path):
 
 @needs_gpu
 def test_a_first_use_under_capture_says_so_and_moves_nothing(tmp_path):
-    code = GPU_PRELUDE + """
+    code = (
+        GPU_PRELUDE
+        + """
         try:
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 ops.permute_(t, perm, 0)
@@ -291,13 +316,16 @@ def test_a_first_use_under_capture_says_so_and_moves_nothing(tmp_path):
         assert torch.equal(t, before.index_select(0, perm.cuda()))
         print("ok")
         """
+    )
     out = run_python(code, dict(FLASHMLA_PERM_CUDA="nvrtc", FLASHMLA_PERM_CACHE_DIR=str(tmp_path)))
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
 @needs_gpu
 def test_a_missing_nvrtc_on_a_gpu_raises_before_any_byte_moves(tmp_path):
-    code = GPU_PRELUDE + """
+    code = (
+        GPU_PRELUDE
+        + """
         try:
             ops.permute_(t, perm, 0)
             raise SystemExit("permuted without NVRTC")
@@ -307,8 +335,15 @@ def test_a_missing_nvrtc_on_a_gpu_raises_before_any_byte_moves(tmp_path):
         assert torch.equal(t, before)
         print("ok")
         """
-    out = run_python(code, dict(FLASHMLA_PERM_CUDA="nvrtc", FLASHMLA_PERM_CACHE_DIR=str(tmp_path),
-                                FLASHMLA_PERM_NVRTC_LIBRARY=str(tmp_path / "libnvrtc.so.13")))
+    )
+    out = run_python(
+        code,
+        dict(
+            FLASHMLA_PERM_CUDA="nvrtc",
+            FLASHMLA_PERM_CACHE_DIR=str(tmp_path),
+            FLASHMLA_PERM_NVRTC_LIBRARY=str(tmp_path / "libnvrtc.so.13"),
+        ),
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
@@ -326,12 +361,15 @@ def test_nvrtc_sees_only_the_embedded_files_and_the_standard_headers_it_is_given
     if not CSRC.is_dir():
         pytest.skip("no csrc/ beside the tests")
     config = (CSRC / "build_config.txt").read_text()
-    embedded = next(l.split("=", 1)[1].split() for l in config.splitlines()
-                    if l.split("=", 1)[0].strip() == "nvrtc_sources")
+    embedded = next(
+        l.split("=", 1)[1].split() for l in config.splitlines() if l.split("=", 1)[0].strip() == "nvrtc_sources"
+    )
     assert embedded[0] == "cuda_kernels.cu"
     include = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
     kernels = (CSRC / "cuda_kernels.cu").read_text()
-    rtc = kernels[kernels.index("#ifdef __CUDACC_RTC__"):kernels.index("#else", kernels.index("#ifdef __CUDACC_RTC__"))]
+    rtc = kernels[
+        kernels.index("#ifdef __CUDACC_RTC__") : kernels.index("#else", kernels.index("#ifdef __CUDACC_RTC__"))
+    ]
     seen = set(include.findall(rtc))
     for name in embedded[1:]:
         seen |= set(include.findall((CSRC / name).read_text()))

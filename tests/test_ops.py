@@ -8,8 +8,7 @@ import flashmla_perm as fp
 from flashmla_perm import reference as ref
 from flashmla_perm._schemas import SCHEMAS
 
-from conftest import (DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path,
-                      poison, random_tensor)
+from conftest import DEVICES, DTYPES, assert_same_bytes, expect_native_if_moves, expect_path, poison, random_tensor
 
 ops = torch.ops.flashmla_perm
 
@@ -94,15 +93,15 @@ def test_storage_offset_and_neighbours_untouched(device, offset, gen):
     rows, cols = 515, 40
     base = random_tensor((rows * cols + 64,), torch.uint8, device, gen)
     expected = base.clone()
-    view = base[offset:offset + rows * cols].view(rows, cols)
+    view = base[offset : offset + rows * cols].view(rows, cols)
     perm = torch.randperm(rows, generator=gen)
-    ref.permute_rows_(expected[offset:offset + rows * cols].view(rows, cols), perm)
+    ref.permute_rows_(expected[offset : offset + rows * cols].view(rows, cols), perm)
     with expect_path(device):
         ops.permute_rows_(view, perm)
     assert_same_bytes(base, expected)
 
     cperm = torch.randperm(cols, generator=gen)
-    ref.permute_cols_(expected[offset:offset + rows * cols].view(rows, cols), cperm)
+    ref.permute_cols_(expected[offset : offset + rows * cols].view(rows, cols), cperm)
     with expect_path(device):
         ops.permute_cols_(view, cperm)
     assert_same_bytes(base, expected)
@@ -192,10 +191,19 @@ def test_opcheck(device, gen):
         (ops.permute_rows_.default, (x.clone(), torch.randperm(64, generator=gen))),
         (ops.permute_cols_.default, (x.clone(), torch.randperm(48, generator=gen))),
         (ops.permute_cols.default, (x.clone(), torch.randperm(48, generator=gen))),
-        (ops.permute_wq_b_.default, (random_tensor((64, 96), torch.uint8, device, gen),
-                                     random_tensor((64, 3), torch.uint8, device, gen), 2)),
-        (ops.permute_wo_a_.default, (random_tensor((16, 512), torch.uint8, device, gen),
-                                     random_tensor((16, 16), torch.uint8, device, gen), 8, True)),
+        (
+            ops.permute_wq_b_.default,
+            (random_tensor((64, 96), torch.uint8, device, gen), random_tensor((64, 3), torch.uint8, device, gen), 2),
+        ),
+        (
+            ops.permute_wo_a_.default,
+            (
+                random_tensor((16, 512), torch.uint8, device, gen),
+                random_tensor((16, 16), torch.uint8, device, gen),
+                8,
+                True,
+            ),
+        ),
         (ops.permute_q.default, (torch.randn(3, 4, 64, generator=gen).to(device, torch.bfloat16),)),
     ]
     for op, args in cases:

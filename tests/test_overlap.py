@@ -31,6 +31,7 @@ def native_rule(a, b=None):
 
 # --- the audit's cases, through the model ops --------------------------------
 
+
 def _refused_unchanged(buffer, call, names):
     before = buffer.clone()
     with pytest.raises(ValueError, match=f"{names[0]} and {names[1]} share memory"):
@@ -96,6 +97,7 @@ def test_self_disjoint_interleaved_layout_is_permuted():
 
 
 # --- the rule against brute force --------------------------------------------
+
 
 def brute_bytes(layout):
     """Per element, the set of bytes it covers."""
@@ -176,6 +178,7 @@ def test_search_gives_up_as_unknown_and_refuses():
 
 def test_both_rules_give_up_on_the_same_layout():
     from test_bad_input import UNDECIDED
+
     t = (0, 1, UNDECIDED)
     assert _overlap.byte_self_overlap(t) == "unknown"
     if NATIVE:
@@ -210,8 +213,7 @@ def rule_layout(drawn):
 
 def tensor_of(buffer, drawn):
     offset, es, dims, _ = drawn
-    return buffer.view(DTYPE_OF_SIZE[es]).as_strided(
-        [m for m, _ in dims], [p // es for _, p in dims], offset)
+    return buffer.view(DTYPE_OF_SIZE[es]).as_strided([m for m, _ in dims], [p // es for _, p in dims], offset)
 
 
 def describe(a, b=None):

@@ -30,6 +30,7 @@ def stats():
 
 # ---- Permutation ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dim", [((96, 40), 0), ((24, 96), 1), ((6, 40, 5), 1), ((5, 6, 40), -1)])
@@ -89,14 +90,17 @@ def test_permutation_owns_its_values(gen):
     assert_same_bytes(t, expected)
 
 
-@pytest.mark.parametrize("perm,error,words", [
-    (torch.tensor([0.0, 1.0]), TypeError, "perm must be int64 or int32"),
-    (torch.tensor([True, False]), TypeError, "perm must be int64 or int32"),
-    (torch.tensor([[0, 1]]), ValueError, "perm must be 1-D"),
-    (torch.tensor([0, 0, 2]), ValueError, "appears more than once"),
-    (torch.tensor([0, 3, 1]), ValueError, "out of range"),
-    (torch.tensor([-1, 0]), ValueError, "out of range"),
-])
+@pytest.mark.parametrize(
+    "perm,error,words",
+    [
+        (torch.tensor([0.0, 1.0]), TypeError, "perm must be int64 or int32"),
+        (torch.tensor([True, False]), TypeError, "perm must be int64 or int32"),
+        (torch.tensor([[0, 1]]), ValueError, "perm must be 1-D"),
+        (torch.tensor([0, 0, 2]), ValueError, "appears more than once"),
+        (torch.tensor([0, 3, 1]), ValueError, "out of range"),
+        (torch.tensor([-1, 0]), ValueError, "out of range"),
+    ],
+)
 def test_permutation_refuses_bad_perm(perm, error, words):
     with pytest.raises(error, match=words) as info:
         fp.Permutation(perm)
@@ -118,9 +122,17 @@ def test_permutation_apply_checks_the_tensor(gen):
 
 # ---- plans found again ----------------------------------------------------
 
+
 @native_only
-@pytest.mark.parametrize("op,dim", [(fp.permute_, 0), (fp.permute_, 1), (torch.ops.flashmla_perm.permute_cols_, None),
-                                    (torch.ops.flashmla_perm.permute_rows_, None)])
+@pytest.mark.parametrize(
+    "op,dim",
+    [
+        (fp.permute_, 0),
+        (fp.permute_, 1),
+        (torch.ops.flashmla_perm.permute_cols_, None),
+        (torch.ops.flashmla_perm.permute_rows_, None),
+    ],
+)
 def test_generic_ops_build_a_plan_once(op, dim, gen):
     """43 layers through one permutation: one plan. A fresh tensor with the
     same values finds it too; different values build another."""
@@ -211,6 +223,7 @@ def test_model_ops_build_their_plans_once(gen):
     """A second layer of the same kind builds nothing (counted, not inferred
     from the cache's size)."""
     from test_model import wo_a_shard, wq_b_shard
+
     for shard, op in ((wq_b_shard, fp.permute_wq_b_), (wo_a_shard, fp.permute_wo_a_)):
         op(*shard(8, "cpu", gen, k=64), 8) if op is fp.permute_wq_b_ else op(*shard(4, "cpu", gen))
         built = stats()["built"]
@@ -260,6 +273,7 @@ def test_plan_caches_evict_the_least_recently_used():
 
 # ---- permute_on_load, without vLLM ----------------------------------------
 
+
 def test_permute_on_load_wraps_a_loader_with_vllms_names(gen):
     calls = []
 
@@ -306,16 +320,19 @@ def test_permute_on_load_permutes_the_param_it_is_called_with(gen):
     p.weight_loader(meta, ckpt)
 
 
-@pytest.mark.parametrize("perm,dim,error,words", [
-    (torch.arange(7), 0, ValueError, "perm has 7 entries but param.size"),
-    (torch.arange(9), 0, ValueError, "perm has 9 entries but param.size"),
-    (torch.tensor([0, 1, 2, 3, 4, 5, 6, 6]), 0, ValueError, "appears more than once"),
-    (torch.tensor([0, 1, 2, 3, 4, 5, 6, 8]), 0, ValueError, "out of range"),
-    (torch.arange(8.0), 0, TypeError, "perm must be int64 or int32"),
-    (torch.ones(8, dtype=torch.bool), 0, TypeError, "perm must be int64 or int32"),
-    (torch.arange(8), 2, ValueError, "dim"),
-    (torch.arange(8), -3, ValueError, "dim"),
-])
+@pytest.mark.parametrize(
+    "perm,dim,error,words",
+    [
+        (torch.arange(7), 0, ValueError, "perm has 7 entries but param.size"),
+        (torch.arange(9), 0, ValueError, "perm has 9 entries but param.size"),
+        (torch.tensor([0, 1, 2, 3, 4, 5, 6, 6]), 0, ValueError, "appears more than once"),
+        (torch.tensor([0, 1, 2, 3, 4, 5, 6, 8]), 0, ValueError, "out of range"),
+        (torch.arange(8.0), 0, TypeError, "perm must be int64 or int32"),
+        (torch.ones(8, dtype=torch.bool), 0, TypeError, "perm must be int64 or int32"),
+        (torch.arange(8), 2, ValueError, "dim"),
+        (torch.arange(8), -3, ValueError, "dim"),
+    ],
+)
 def test_permute_on_load_refuses_at_wrap_time(perm, dim, error, words):
     p = torch.nn.Parameter(torch.zeros(8, 4, dtype=torch.uint8), requires_grad=False)
 
@@ -346,6 +363,7 @@ def test_a_wrong_shape_raises_the_loaders_error_and_moves_nothing(gen):
 
 
 # ---- path_counts ----------------------------------------------------------
+
 
 def test_path_counts_say_what_served():
     before = fp.path_counts()

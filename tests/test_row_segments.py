@@ -29,6 +29,7 @@ CPU_ROW_BUDGET = 128 * 1024  # kCpuRowBudget: kCpuStagingBudget / 4
 def cpu_row_tiles(lines, line_bytes):
     """(slice_lines, slice_bytes) of cpu_row_job for a unit of `lines` lines
     of `line_bytes` bytes."""
+
     def ceil_div(a, b):
         return -(-a // b)
 

@@ -15,6 +15,7 @@ from conftest import assert_same_bytes, random_tensor
 def test_eight_threads_share_the_plan_cache():
     """Eight threads permute distinct tensors at once (several head counts,
     so plans are built concurrently too); every result is exact."""
+
     def job(i):
         g = torch.Generator().manual_seed(i)
         heads = [1, 2, 4, 8][i % 4]

@@ -49,6 +49,7 @@ def test_the_kernels_include_no_torch_header():
     kernels = [p for p in sources() if p.suffix == ".cu"]
     assert kernels, "no .cu file in csrc/"
     for path in kernels:
-        torch_headers = sorted(h for h in headers_reached(path)
-                               if h.split("/")[0] in {"ATen", "c10", "torch", "pybind11", "Python.h"})
+        torch_headers = sorted(
+            h for h in headers_reached(path) if h.split("/")[0] in {"ATen", "c10", "torch", "pybind11", "Python.h"}
+        )
         assert torch_headers == [], f"{path.name} reaches {torch_headers}"

@@ -29,10 +29,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed")
-pytest.importorskip("vllm.models.deepseek_v41.common.ops.fused_layout",
-                    reason="this vLLM has no DeepSeek-V4.1 fused_layout (vLLM 0.33.0 has)")
+pytest.importorskip(
+    "vllm.models.deepseek_v41.common.ops.fused_layout",
+    reason="this vLLM has no DeepSeek-V4.1 fused_layout (vLLM 0.33.0 has)",
+)
 
-import vllm.plugins  # noqa: E402
+import vllm.plugins  # noqa: E402, F811  (the submodule, after the skips)
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.model_executor.model_loader.reload import layerwise  # noqa: E402
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
@@ -40,11 +42,30 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader 
 import flashmla_perm  # noqa: E402
 from conftest import expect_path  # noqa: E402
 from vllm_harness import (  # noqa: E402
-    FUSED_LAYOUT, GROUP, HEAD_DIM, MEGA_ATTN, MEGA_ATTN_WRAP_LINES, TENSORS, TOTAL_HEADS,
-    VLLM_PERMUTE_ON_LOAD, assert_same_bytes, bare_param, build_attention_linears,
-    deepseek_v4_fp8_config, expected_shard, full_checkpoint, fused_layout, gathered,
-    json_result, mega_attn_wrap, patch_kernel_choice, random_bytes, single_process_tp_group,
-    start_python, u8)
+    FUSED_LAYOUT,
+    GROUP,
+    HEAD_DIM,
+    MEGA_ATTN,
+    MEGA_ATTN_WRAP_LINES,
+    TENSORS,
+    TOTAL_HEADS,
+    VLLM_PERMUTE_ON_LOAD,
+    assert_same_bytes,
+    bare_param,
+    build_attention_linears,
+    deepseek_v4_fp8_config,
+    expected_shard,
+    full_checkpoint,
+    fused_layout,
+    gathered,
+    json_result,
+    mega_attn_wrap,
+    patch_kernel_choice,
+    random_bytes,
+    single_process_tp_group,
+    start_python,
+    u8,
+)
 
 FP8 = torch.float8_e4m3fn
 E8M0 = torch.float8_e8m0fnu
@@ -74,15 +95,19 @@ def bare_case(kind, heads):
         "wq_b.weight": ((heads * HEAD_DIM, K), FP8, q_perm, 0),
         "wq_b.weight_scale-uint8": ((heads * HEAD_DIM, K // 32), torch.uint8, q_perm, 0),
         "wq_b.weight_scale-e8m0": ((heads * HEAD_DIM, K // 32), E8M0, q_perm, 0),
-        "wo_a.weight": ((wo_rows, GROUP * HEAD_DIM), FP8,
-                        fused_layout.o_fused_permutation(GROUP, HEAD_DIM), 1),
-        "wo_a.weight_scale": ((wo_rows, GROUP * HEAD_DIM // 32), torch.uint8,
-                              fused_layout.o_fused_chunk_permutation(GROUP, HEAD_DIM), 1),
+        "wo_a.weight": ((wo_rows, GROUP * HEAD_DIM), FP8, fused_layout.o_fused_permutation(GROUP, HEAD_DIM), 1),
+        "wo_a.weight_scale": (
+            (wo_rows, GROUP * HEAD_DIM // 32),
+            torch.uint8,
+            fused_layout.o_fused_chunk_permutation(GROUP, HEAD_DIM),
+            1,
+        ),
     }[kind]
 
 
-@pytest.mark.parametrize("kind", ["wq_b.weight", "wq_b.weight_scale-uint8", "wq_b.weight_scale-e8m0",
-                                  "wo_a.weight", "wo_a.weight_scale"])
+@pytest.mark.parametrize(
+    "kind", ["wq_b.weight", "wq_b.weight_scale-uint8", "wq_b.weight_scale-e8m0", "wo_a.weight", "wo_a.weight_scale"]
+)
 @pytest.mark.parametrize("heads", [64, 32, 16, 8])  # num_local_heads at TP 1, 2, 4, 8
 def test_bare_param_load_and_reload(ours, gen, kind, heads):
     """A checkpoint tensor loaded, then reloaded with new bytes, through
@@ -233,9 +258,9 @@ def test_mega_attn_still_wraps_like_this():
 
 # ---- 3. the plugin ---------------------------------------------------------------
 
+
 def plugin_entry_point():
-    eps = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
-           if ep.name == "flashmla_perm"]
+    eps = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins") if ep.name == "flashmla_perm"]
     return eps[0] if eps else None
 
 
@@ -243,8 +268,9 @@ def plugin_entry_point():
 def entry_point():
     ep = plugin_entry_point()
     if ep is None:
-        pytest.skip("the flashmla_perm entry point is not installed "
-                    "(pip install --no-build-isolation -e . registers it)")
+        pytest.skip(
+            "the flashmla_perm entry point is not installed (pip install --no-build-isolation -e . registers it)"
+        )
     assert ep.value == ENTRY_POINT
     return ep
 
@@ -286,13 +312,14 @@ def plugin_log():
 
 
 def routed(mega):
-    return (mega.permute_on_load is flashmla_perm.permute_on_load
-            and fused_layout.permute_on_load is flashmla_perm.permute_on_load)
+    return (
+        mega.permute_on_load is flashmla_perm.permute_on_load
+        and fused_layout.permute_on_load is flashmla_perm.permute_on_load
+    )
 
 
 def untouched(mega):
-    return (mega.permute_on_load is VLLM_PERMUTE_ON_LOAD
-            and fused_layout.permute_on_load is VLLM_PERMUTE_ON_LOAD)
+    return mega.permute_on_load is VLLM_PERMUTE_ON_LOAD and fused_layout.permute_on_load is VLLM_PERMUTE_ON_LOAD
 
 
 def needs_native():
@@ -360,10 +387,14 @@ def test_register_leaves_a_function_that_takes_other_arguments(vllm_names, plugi
         assert "left vLLM's permute_on_load (it" in message, message
 
 
-@pytest.mark.parametrize("torch_cuda,expected", [
-    (None, "(in place, native on cpu)"),
-    ("13.0", "on cuda torch's gather, as vLLM's: (why)"),
-], ids=["cpu_torch", "cuda_torch"])
+@pytest.mark.parametrize(
+    "torch_cuda,expected",
+    [
+        (None, "(in place, native on cpu)"),
+        ("13.0", "on cuda torch's gather, as vLLM's: (why)"),
+    ],
+    ids=["cpu_torch", "cuda_torch"],
+)
 def test_register_says_where_it_runs_natively(vllm_names, plugin_log, monkeypatch, torch_cuda, expected):
     """A CUDA torch beside the CPU-only module (no toolkit of its CUDA
     version at build time): routed, right bytes, but GPU tensors take the
@@ -379,10 +410,13 @@ def test_register_says_where_it_runs_natively(vllm_names, plugin_log, monkeypatc
     assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
 
 
-@pytest.mark.parametrize("compiler,expected", [
-    ("nvcc", "(in place, native on cpu and cuda (kernels built by nvcc))"),
-    ("nvrtc", "(in place, native on cpu and cuda (kernels compiled at first use by NVRTC))"),
-])
+@pytest.mark.parametrize(
+    "compiler,expected",
+    [
+        ("nvcc", "(in place, native on cpu and cuda (kernels built by nvcc))"),
+        ("nvrtc", "(in place, native on cpu and cuda (kernels compiled at first use by NVRTC))"),
+    ],
+)
 def test_register_says_which_compiler_built_the_kernels(vllm_names, plugin_log, monkeypatch, compiler, expected):
     needs_native()
     from flashmla_perm import vllm_plugin
@@ -435,8 +469,11 @@ def test_load_general_plugins_routes(entry_point, vllm_names):
     assert routed(vllm_names)
 
 
-@pytest.mark.parametrize("env", [{"VLLM_PLUGINS": "some_other_plugin"}, {"FLASHMLA_PERM_VLLM": "0"}],
-                         ids=["VLLM_PLUGINS=other", "FLASHMLA_PERM_VLLM=0"])
+@pytest.mark.parametrize(
+    "env",
+    [{"VLLM_PLUGINS": "some_other_plugin"}, {"FLASHMLA_PERM_VLLM": "0"}],
+    ids=["VLLM_PLUGINS=other", "FLASHMLA_PERM_VLLM=0"],
+)
 def test_load_general_plugins_can_be_turned_off(entry_point, vllm_names, monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -459,21 +496,27 @@ print(json.dumps(dict(
     native=flashmla_perm.build_info()["native"])))
 """.format(mega=MEGA_ATTN, fl=FUSED_LAYOUT)
 
-MODULE_FIRST = f"""
+MODULE_FIRST = (
+    f"""
 import importlib, sys, vllm.plugins
 importlib.import_module("{MEGA_ATTN}")
 imported_before_plugins = True
 vllm.plugins.plugins_loaded = False
 vllm.plugins.load_general_plugins()
-""" + REPORT
+"""
+    + REPORT
+)
 
-PLUGINS_FIRST = f"""
+PLUGINS_FIRST = (
+    f"""
 import importlib, sys, vllm.plugins
 vllm.plugins.plugins_loaded = False
 vllm.plugins.load_general_plugins()
 imported_before_plugins = "{MEGA_ATTN}" in sys.modules
 importlib.import_module("{MEGA_ATTN}")
-""" + REPORT
+"""
+    + REPORT
+)
 
 
 # A worker process of vLLM's, in its order: logging configured from the engine's
@@ -503,10 +546,14 @@ def import_orders():
     """The child processes, started together (each spends most of its
     seconds importing vLLM)."""
     if plugin_entry_point() is None:
-        pytest.skip("the flashmla_perm entry point is not installed "
-                    "(pip install --no-build-isolation -e . registers it)")
-    procs = {"module_first": start_python(MODULE_FIRST), "plugins_first": start_python(PLUGINS_FIRST),
-             "worker_log": start_python(WORKER_LOG)}
+        pytest.skip(
+            "the flashmla_perm entry point is not installed (pip install --no-build-isolation -e . registers it)"
+        )
+    procs = {
+        "module_first": start_python(MODULE_FIRST),
+        "plugins_first": start_python(PLUGINS_FIRST),
+        "worker_log": start_python(WORKER_LOG),
+    }
     return {k: json_result(p) for k, p in procs.items()}
 
 
@@ -545,11 +592,14 @@ def test_plugin_says_what_it_routed_in_a_worker_log(import_orders):
 
 # ---- 4. vLLM's layerwise (in-place) reload ---------------------------------------
 
+
 def spy(loader, log):
     """`loader`, recording the device of every param it is called with."""
+
     def spying_loader(param, loaded_weight):
         log.append(param.device.type)
         return loader(param, loaded_weight)
+
     return spying_loader
 
 
@@ -557,8 +607,7 @@ SMALL = {  # name: (shape, dtype, perm, dim); a rank with 8 heads, one wo_a grou
     "wq_b_weight": ((8 * HEAD_DIM, 64), FP8, fused_layout.q_fused_permutation(8), 0),
     "wq_b_weight_scale": ((8 * HEAD_DIM, 2), E8M0, fused_layout.q_fused_permutation(8), 0),
     "wo_a_weight": ((64, GROUP * HEAD_DIM), FP8, fused_layout.o_fused_permutation(GROUP), 1),
-    "wo_a_weight_scale": ((64, GROUP * HEAD_DIM // 32), torch.uint8,
-                          fused_layout.o_fused_chunk_permutation(GROUP), 1),
+    "wo_a_weight_scale": ((64, GROUP * HEAD_DIM // 32), torch.uint8, fused_layout.o_fused_chunk_permutation(GROUP), 1),
 }
 
 

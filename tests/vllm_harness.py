@@ -57,6 +57,7 @@ VLLM_PERMUTE_ON_LOAD = _vllm_permute_on_load()
 
 # ---- bytes ------------------------------------------------------------------
 
+
 def random_bytes(shape, dtype, gen):
     """Random bytes 1..255 viewed as the 1-byte `dtype`: no zero byte, so a
     byte the loader forgets to write (or writes as zero) cannot match."""
@@ -85,6 +86,7 @@ def gathered(t, perm, dim):
 
 # ---- bare parameters ----------------------------------------------------------
 
+
 def bare_param(shape, dtype, gen, loader=default_weight_loader, device="cpu"):
     """A ``torch.nn.Parameter`` as vLLM makes one outside a linear layer, with
     random (not yet loaded) contents and ``loader`` as its weight loader."""
@@ -95,6 +97,7 @@ def bare_param(shape, dtype, gen, loader=default_weight_loader, device="cpu"):
 
 
 # ---- the mega-attention layer's wrapping --------------------------------------
+
 
 def mega_attn_wrap(permute_on_load, wq_b, wo_a, n_local_heads, head_dim=HEAD_DIM):
     """The four ``permute_on_load`` calls of vLLM's
@@ -122,6 +125,7 @@ MEGA_ATTN_WRAP_LINES = (
 
 
 # ---- vLLM's tensor-parallel linear layers --------------------------------------
+
 
 class StandInKernel:
     """In place of the MXFP8 GEMM kernel vLLM picks in create_weights
@@ -171,8 +175,12 @@ def single_process_tp_group():
     config = VllmConfig()
     with set_current_vllm_config(config):
         ps.init_distributed_environment(
-            world_size=1, rank=0, local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", backend="gloo")
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            backend="gloo",
+        )
         ps.initialize_model_parallel(1, 1)
         try:
             yield config
@@ -187,9 +195,15 @@ def deepseek_v4_fp8_config():
     (MXFP8 weight, per-32-row-block scales expanded to per-row at load)."""
     from vllm.models.deepseek_v41.quant_config import DeepseekV4FP8Config
 
-    qc = DeepseekV4FP8Config.from_config({
-        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-        "scale_fmt": "ue8m0", "weight_block_size": [32, 32]})
+    qc = DeepseekV4FP8Config.from_config(
+        {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [32, 32],
+        }
+    )
     assert qc.weight_block_size == [32, 32] and qc.is_scale_e8m0
     return qc
 
@@ -200,12 +214,25 @@ def build_attention_linears(quant_config, tp_rank, tp_size, prefix="model.layers
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
     wq_b = ColumnParallelLinear(
-        Q_LORA_RANK, TOTAL_HEADS * HEAD_DIM, bias=False, quant_config=quant_config,
-        return_bias=False, prefix=f"{prefix}.wq_b", tp_rank=tp_rank, tp_size=tp_size)
+        Q_LORA_RANK,
+        TOTAL_HEADS * HEAD_DIM,
+        bias=False,
+        quant_config=quant_config,
+        return_bias=False,
+        prefix=f"{prefix}.wq_b",
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+    )
     wo_a = ColumnParallelLinear(
-        TOTAL_HEADS * HEAD_DIM // TOTAL_GROUPS, TOTAL_GROUPS * O_LORA_RANK, bias=False,
-        quant_config=quant_config, return_bias=False, prefix=f"{prefix}.wo_a",
-        tp_rank=tp_rank, tp_size=tp_size)
+        TOTAL_HEADS * HEAD_DIM // TOTAL_GROUPS,
+        TOTAL_GROUPS * O_LORA_RANK,
+        bias=False,
+        quant_config=quant_config,
+        return_bias=False,
+        prefix=f"{prefix}.wo_a",
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+    )
     wo_a.is_bmm = True
     wo_a.bmm_batch_size = TOTAL_GROUPS // tp_size
     return wq_b, wo_a
@@ -226,11 +253,9 @@ def full_checkpoint(gen, scale_dtype=torch.uint8):
     q_out, o_out, o_in = TOTAL_HEADS * HEAD_DIM, TOTAL_GROUPS * O_LORA_RANK, GROUP * HEAD_DIM
     return {
         "wq_b.weight": random_bytes((q_out, Q_LORA_RANK), torch.float8_e4m3fn, gen),
-        "wq_b.weight_scale": random_bytes(
-            (q_out // SCALE_BLOCK, Q_LORA_RANK // SCALE_BLOCK), scale_dtype, gen),
+        "wq_b.weight_scale": random_bytes((q_out // SCALE_BLOCK, Q_LORA_RANK // SCALE_BLOCK), scale_dtype, gen),
         "wo_a.weight": random_bytes((o_out, o_in), torch.float8_e4m3fn, gen),
-        "wo_a.weight_scale": random_bytes(
-            (o_out // SCALE_BLOCK, o_in // SCALE_BLOCK), scale_dtype, gen),
+        "wo_a.weight_scale": random_bytes((o_out // SCALE_BLOCK, o_in // SCALE_BLOCK), scale_dtype, gen),
     }
 
 
@@ -255,6 +280,7 @@ def expected_shard(name, full, tp_rank, tp_size):
 
 # ---- subprocesses -------------------------------------------------------------
 
+
 def python_env(**overrides):
     """This environment for a child Python, with the plugin switches cleared
     (then set from ``overrides``; a value of None removes the variable)."""
@@ -272,8 +298,14 @@ def python_env(**overrides):
 
 def start_python(code, **env):
     """A child Python running `code` in the repo root; see json_result."""
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=python_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=python_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def json_result(proc, timeout=120):

@@ -48,9 +48,16 @@ def test_card_in_reads_only_a_card():
 
 def test_cuda_card_reads_what_torch_reports_and_records_what_it_cannot(monkeypatch):
     torch = pytest.importorskip("torch")
-    props = types.SimpleNamespace(name="NVIDIA H100 PCIe", multi_processor_count=114,
-                                  shared_memory_per_multiprocessor=SMEM, L2_cache_size=L2, total_memory=TOTAL,
-                                  clock_rate=1_755_000, memory_clock_rate=1_593_000, memory_bus_width=5120)
+    props = types.SimpleNamespace(
+        name="NVIDIA H100 PCIe",
+        multi_processor_count=114,
+        shared_memory_per_multiprocessor=SMEM,
+        L2_cache_size=L2,
+        total_memory=TOTAL,
+        clock_rate=1_755_000,
+        memory_clock_rate=1_593_000,
+        memory_bus_width=5120,
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())

@@ -11,7 +11,7 @@ import check  # noqa: E402
 
 # A stand-in for PYTHON: the benchmark writes rows unless its plan is row1,
 # the crash probe sleeps past any timeout.
-FAKE = r'''#!/usr/bin/env python3
+FAKE = r"""#!/usr/bin/env python3
 import json, os, sys, time
 if "device/crash_probe.py" in sys.argv:
     time.sleep(30)
@@ -20,7 +20,7 @@ if os.environ.get("FLASHMLA_PERM_ROW_STAGES") == "1":
     sys.exit(3)
 json.dump({"rows": [{"kind": k, "backend": "native", "device_ms_per_layer": 0.5, "x_copy_device": 1.25}
                     for k in sys.argv[sys.argv.index("--kinds") + 1].split(",")]}, open(out, "w"))
-'''
+"""
 
 
 def make_check(tmp_path, **env):
@@ -54,11 +54,15 @@ def test_a_step_past_its_timeout_is_killed_and_the_run_goes_on_within_the_budget
 
 
 def test_ncu_figures_sum_our_launches_and_weight_the_rates_by_duration(tmp_path):
-    launches = {"1": {"duration_ns": 3000, "dram_pct_of_peak": 80.0, "instructions": 1000, "bank_conflicts": 5},
-                "2": {"duration_ns": 1000, "dram_pct_of_peak": 40.0, "instructions": 3000, "bank_conflicts": 0}}
+    launches = {
+        "1": {"duration_ns": 3000, "dram_pct_of_peak": 80.0, "instructions": 1000, "bank_conflicts": 5},
+        "2": {"duration_ns": 1000, "dram_pct_of_peak": 40.0, "instructions": 3000, "bank_conflicts": 0},
+    }
     names = {v: k for k, v in check.NCU_METRICS.items()}
     lines = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
-    lines += [f'"{i}","flashmla_perm_rows","{names[m]}","","{v:,}"' for i, fig in launches.items() for m, v in fig.items()]
+    lines += [
+        f'"{i}","flashmla_perm_rows","{names[m]}","","{v:,}"' for i, fig in launches.items() for m, v in fig.items()
+    ]
     (tmp_path / "ncu.csv").write_text("==PROF== noise\n" + "\n".join(lines) + "\n")
     f = check.ncu_figures(str(tmp_path / "ncu.csv"), {"bytes_moved": 8000})
     assert f["launches"] == 2 and f["duration_us"] == 4.0 and f["bank_conflicts"] == 5

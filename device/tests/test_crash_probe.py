@@ -34,8 +34,17 @@ def test_a_real_segfault_leaves_its_record_and_still_dies_of_the_signal(handler,
         argv[-1] = "import faulthandler, crash_probe; faulthandler.enable(); crash_probe.install(); " + code
     elif how == "under pytest":  # as the device check runs the suite: -p crash_probe
         (tmp_path / "test_crash.py").write_text(f"def test_crash():\n    {code}\n")
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "crash_probe",
-                str(tmp_path / "test_crash.py")]
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "crash_probe",
+            str(tmp_path / "test_crash.py"),
+        ]
     rc, out, err = crash_probe.ended(argv, handler)
     assert rc == -signal.SIGSEGV, err[-2000:]
     record = crash_probe.handler_record(err)
@@ -62,17 +71,20 @@ def outcome(raised, message):
     return "CASE_OUTCOME " + ('{"raised": %s, "message": "%s"}' % (f'"{raised}"' if raised else "null", message))
 
 
-@pytest.mark.parametrize("expected, rc, raised, message, ok", [
-    (crash_probe.BAD_ROWS, 0, "ValueError", "permute_wq_b_: weight_scale has 128 rows", True),
-    (crash_probe.BAD_ROWS, 0, "RuntimeError", "permute_wq_b_: weight_scale has 128 rows", False),
-    (crash_probe.BAD_ROWS, 0, "ValueError", "something else", False),
-    (crash_probe.BAD_ROWS, 0, None, "did not raise", False),
-    (crash_probe.BAD_ROWS, -11, "ValueError", "weight_scale", False),  # raised, then died
-    (crash_probe.TORCH_ERROR, 0, "RuntimeError", "shape '[-1, 3]' is invalid", True),
-    (None, 0, None, "bytes as the reference's", True),
-    (None, 0, "ValueError", "x", False),
-    (None, 1, None, "", False),
-])
+@pytest.mark.parametrize(
+    "expected, rc, raised, message, ok",
+    [
+        (crash_probe.BAD_ROWS, 0, "ValueError", "permute_wq_b_: weight_scale has 128 rows", True),
+        (crash_probe.BAD_ROWS, 0, "RuntimeError", "permute_wq_b_: weight_scale has 128 rows", False),
+        (crash_probe.BAD_ROWS, 0, "ValueError", "something else", False),
+        (crash_probe.BAD_ROWS, 0, None, "did not raise", False),
+        (crash_probe.BAD_ROWS, -11, "ValueError", "weight_scale", False),  # raised, then died
+        (crash_probe.TORCH_ERROR, 0, "RuntimeError", "shape '[-1, 3]' is invalid", True),
+        (None, 0, None, "bytes as the reference's", True),
+        (None, 0, "ValueError", "x", False),
+        (None, 1, None, "", False),
+    ],
+)
 def test_a_case_is_judged_by_what_it_raised_and_how_it_ended(expected, rc, raised, message, ok):
     record = crash_probe.judge("c", expected, rc, outcome(raised, message), "Traceback ...\nboom")
     assert record["ok"] is ok

@@ -23,10 +23,24 @@ NEED = FIG["copy_tbps"] * 1e6 * FIG["latency_us"] / FIG["sms"]  # bytes in fligh
 
 def launch(ctas=6, stages=1, tiles=1584, nbytes=64 << 20, inflight=int(NEED / 6), vec=16):
     """CTAs of `inflight` bytes of loads each, every SM `ctas` of them."""
-    job = {"kind": "cols_direct", "gathered_stage": True, "vec": vec, "tiles": tiles, "bytes": nbytes,
-           "inflight_bytes": inflight, "slice_vectors": 0}
-    return {"kernel": "cols", "grid": FIG["sms"] * ctas, "ctas_per_sm": ctas, "tiles": tiles, "stages": stages,
-            "smem_bytes": inflight, "jobs": [job]}
+    job = {
+        "kind": "cols_direct",
+        "gathered_stage": True,
+        "vec": vec,
+        "tiles": tiles,
+        "bytes": nbytes,
+        "inflight_bytes": inflight,
+        "slice_vectors": 0,
+    }
+    return {
+        "kernel": "cols",
+        "grid": FIG["sms"] * ctas,
+        "ctas_per_sm": ctas,
+        "tiles": tiles,
+        "stages": stages,
+        "smem_bytes": inflight,
+        "jobs": [job],
+    }
 
 
 def test_enough_in_flight_streams_at_the_copys_bandwidth_and_less_by_littles_law():
@@ -46,24 +60,31 @@ def test_one_stage_loses_its_in_flight_while_it_issues_and_heavy_issue_binds():
     one, two = model.price_launch(launch(stages=1), FIG), model.price_launch(launch(stages=2), FIG)
     assert one["in_flight_per_sm"] < two["in_flight_per_sm"] and one["us"] > two["us"]
     heavy = model.price_launch(launch(stages=2), FIG, {"cols_direct": 40.0})  # 40x the instructions
-    assert heavy["bound"] == "issue" and heavy["instructions_per_byte"] == pytest.approx(
-        40 * two["instructions_per_byte"], rel=1e-3) and heavy["components_us"]["issue"] > 0
+    assert (
+        heavy["bound"] == "issue"
+        and heavy["instructions_per_byte"] == pytest.approx(40 * two["instructions_per_byte"], rel=1e-3)
+        and heavy["components_us"]["issue"] > 0
+    )
 
 
 def test_sass_counts_scale_each_kernels_issue():
     body = "\n".join(f"        /*{16 * i:04x}*/                   IMAD R{i % 8}, R1, R2, RZ ;" for i in range(500))
-    text = f"\n\tFunction : _Z18flashmla_perm_rowsILi16EEvv\n{body}\n" \
-           f"\n\tFunction : _Z18flashmla_perm_colsILb1EEvv\n{body}\n{body}\n"
+    text = (
+        f"\n\tFunction : _Z18flashmla_perm_rowsILi16EEvv\n{body}\n"
+        f"\n\tFunction : _Z18flashmla_perm_colsILb1EEvv\n{body}\n{body}\n"
+    )
     scale = model.sass_scale(text)
     assert scale == {"rows": 500 / model.SASS_TOTALS["rows"], "cols_staged": 1000 / model.SASS_TOTALS["cols_staged"]}
 
 
 def ptxas_log(tmp_path, regs):
     log = tmp_path / "build.log"
-    log.write_text(f"ptxas info    : Compiling entry function '_Z18flashmla_perm_rowsILi16EEvv' for 'sm_90'\n"
-                   f"ptxas info    : Function properties for _Z18flashmla_perm_rowsILi16EEvv\n"
-                   f"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-                   f"ptxas info    : Used {regs} registers, used 0 barriers, 384 bytes cmem[0]\n")
+    log.write_text(
+        f"ptxas info    : Compiling entry function '_Z18flashmla_perm_rowsILi16EEvv' for 'sm_90'\n"
+        f"ptxas info    : Function properties for _Z18flashmla_perm_rowsILi16EEvv\n"
+        f"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        f"ptxas info    : Used {regs} registers, used 0 barriers, 384 bytes cmem[0]\n"
+    )
     return str(log)
 
 
@@ -87,21 +108,35 @@ def test_the_card_plans_the_launches_and_scales_the_copy():
         fixed = 2 * (FIG["launch_us"] + model.COPY_LATENCY_US)
         assert (b["copy_us"] - fixed) / (a["copy_us"] - fixed) == pytest.approx(4.8 / 2.0, rel=1e-3)
         assert all(lp["grid"] <= 114 * lp["ctas_per_sm"] for lp in b["launches"])
-    assert any(lp["grid"] > 114 * lp["ctas_per_sm"] for c in model.cases() for lp in model.predict(c, FIG, REGS)["launches"])
+    assert any(
+        lp["grid"] > 114 * lp["ctas_per_sm"] for c in model.cases() for lp in model.predict(c, FIG, REGS)["launches"]
+    )
 
 
 @needs_native
 def test_main_sets_the_measured_runs_beside_the_prediction(tmp_path, capsys):
-    rows = [{"kind": k, "tp": tp, "backend": b, "device_ms_per_layer": ms / tp}
-            for k in ("wq_b", "wo_a") for tp in model.TPS for b, ms in (("native", 0.05), ("copy", 0.04))]
+    rows = [
+        {"kind": k, "tp": tp, "backend": b, "device_ms_per_layer": ms / tp}
+        for k in ("wq_b", "wo_a")
+        for tp in model.TPS
+        for b, ms in (("native", 0.05), ("copy", 0.04))
+    ]
     (tmp_path / "bench.json").write_text(json.dumps({"rows": rows}))
-    sweep = {label: {"env": env, "rows": {"wq_b native": {"x_copy_device": x}, "wo_a native": {"x_copy_device": x}}}
-             for label, env, x in (("ctas6", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "6"}, 1.2),
-                                   ("ctas1", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "1"}, 3.0))}
+    sweep = {
+        label: {"env": env, "rows": {"wq_b native": {"x_copy_device": x}, "wo_a native": {"x_copy_device": x}}}
+        for label, env, x in (
+            ("ctas6", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "6"}, 1.2),
+            ("ctas1", {"FLASHMLA_PERM_MAX_CTAS_PER_SM": "1"}, 3.0),
+        )
+    }
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     out = tmp_path / "model.json"
-    assert model.main(["--measured", str(tmp_path / "bench.json"), "--sweep", str(tmp_path / "sweep.json"),
-                       "--json", str(out)]) == 0
+    assert (
+        model.main(
+            ["--measured", str(tmp_path / "bench.json"), "--sweep", str(tmp_path / "sweep.json"), "--json", str(out)]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert {(r["op"], r["tp"]) for r in doc["records"]} == {(c.op, c.tp) for c in model.cases()}
     assert all(r["x_copy_measured"] == 1.25 for r in doc["records"] if r["op"] in ("wq_b", "wo_a"))

@@ -92,7 +92,11 @@ struct ThreadCtx {
   // every body puts a barrier there anyway, since its threads read each
   // other's.) Committed groups, oldest first; the last entry is the group
   // still open.
-  struct Pending { uint8_t* buf; const uint8_t* src; int bytes; };
+  struct Pending {
+    uint8_t* buf;
+    const uint8_t* src;
+    int bytes;
+  };
   std::vector<std::vector<Pending>> groups{1};
   std::vector<Pending> released;  // waited for, landing at the next barrier
   int thread() const { return tid; }
@@ -202,16 +206,17 @@ void run_launch(const fp::Launch& l, int concurrent) {
       for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, smem);
       return;
     }
-    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.stage_bytes(), [&](int64_t t, uint8_t* buf, bool store) {
-      const int j = t < split ? 0 : 1;  // V = 16, as in the kernels
-      const int64_t tile = j == 0 ? t : t - split;
-      if (l.kernel == fp::Kernel::kRows)
-        fp::row_segment_half<16>(ctx, l.rows[j], tile, buf, store);
-      else if (l.cols[j].staged)
-        fp::col_staged_half<16>(ctx, l.cols[j], tile, buf, store);
-      else
-        fp::col_direct_half<16>(ctx, l.cols[j], tile, buf, store);
-    });
+    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.stage_bytes(),
+                       [&](int64_t t, uint8_t* buf, bool store) {
+                         const int j = t < split ? 0 : 1;  // V = 16, as in the kernels
+                         const int64_t tile = j == 0 ? t : t - split;
+                         if (l.kernel == fp::Kernel::kRows)
+                           fp::row_segment_half<16>(ctx, l.rows[j], tile, buf, store);
+                         else if (l.cols[j].staged)
+                           fp::col_staged_half<16>(ctx, l.cols[j], tile, buf, store);
+                         else
+                           fp::col_direct_half<16>(ctx, l.cols[j], tile, buf, store);
+                       });
   };
   concurrent = static_cast<int>(std::min<int64_t>(concurrent, l.grid));
   std::vector<std::unique_ptr<std::barrier<>>> bars;
@@ -349,8 +354,8 @@ struct Rows {
     const int64_t to = into_offset < 0 ? offset : into_offset;
     for (int64_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < perm.size(); ++c)
-        std::memcpy(&into[to + r * row_stride + c * esize],
-                    &from[offset + r * row_stride + perm[c] * esize], esize);
+        std::memcpy(&into[to + r * row_stride + c * esize], &from[offset + r * row_stride + perm[c] * esize],
+                    esize);
     return into;
   }
 };
@@ -388,25 +393,25 @@ void shrink(fp::Launch& l, int64_t slice_lines, int64_t slice_bytes, int64_t ste
 // Rows of a padded tensor (units of several lines where the plan groups
 // rows), threaded; with `serial` also as the CPU executor runs them. Slices
 // of slice_lines (0: whole units) x slice_bytes, passes of `step`.
-void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
-                int64_t offset, int threads, int64_t slice_lines, int64_t slice_bytes, int64_t step,
-                bool serial, const std::string& name, int64_t max_segment = fp::kMaxSegment,
+void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride, int64_t offset,
+                int threads, int64_t slice_lines, int64_t slice_bytes, int64_t step, bool serial,
+                const std::string& name, int64_t max_segment = fp::kMaxSegment,
                 int64_t pack_above = fp::kPackCyclesAbove) {
   Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, offset);
   const Rows before = t;
   const std::vector<uint8_t> expected = t.rows_gathered(perm);
   const fp::RowPlan plan = fp::make_row_plan(perm, max_segment, pack_above);
   const fp::UnitView view = fp::row_units(t.data(), row_stride, row_bytes, plan.unit_rows);
-  std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(&view, 1, plan, plan.index.data(), small_device());
+  std::vector<fp::Launch> launches = fp::gpu_row_launches(&view, 1, plan, plan.index.data(), small_device());
   for (auto& l : launches) {
     l.threads = threads;
     shrink(l, slice_lines > 0 ? slice_lines : plan.unit_rows, slice_bytes, step);
   }
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 3);
-  const std::string what = "rows " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
-                           std::to_string(row_bytes) + " unit_rows=" + std::to_string(plan.unit_rows);
+  const std::string what = "rows " + name + " rows=" + std::to_string(perm.size()) +
+                           " bytes=" + std::to_string(row_bytes) +
+                           " unit_rows=" + std::to_string(plan.unit_rows);
   report(t.buf == expected, what + " threads=" + std::to_string(threads));
   if (serial) {
     Rows s = before;
@@ -422,8 +427,8 @@ void check_rows(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row
 // tile budget (0: the default), tiles may need several passes, and rows not
 // a multiple of 16 bytes take narrower vectors: the planner must refuse two
 // stages there and plan one. Returns whether the launch got two stages.
-bool check_rows_two_stages(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride, int threads,
-                           const std::string& name, int64_t pack_above = fp::kPackCyclesAbove,
+bool check_rows_two_stages(const std::vector<int64_t>& perm, int64_t row_bytes, int64_t row_stride,
+                           int threads, const std::string& name, int64_t pack_above = fp::kPackCyclesAbove,
                            int64_t tile_budget = 0) {
   Rows t(static_cast<int64_t>(perm.size()), row_bytes, row_stride, 16);
   const std::vector<uint8_t> expected = t.rows_gathered(perm);
@@ -437,9 +442,9 @@ bool check_rows_two_stages(const std::vector<int64_t>& perm, int64_t row_bytes, 
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 3);
   const bool two = !launches.empty() && launches.back().stages == 2;
-  report(t.buf == expected, "rows two stages " + name + " rows=" + std::to_string(perm.size()) + " bytes=" +
-                                std::to_string(row_bytes) + " threads=" + std::to_string(threads) +
-                                (two ? "" : " (planned one stage)"));
+  report(t.buf == expected, "rows two stages " + name + " rows=" + std::to_string(perm.size()) +
+                                " bytes=" + std::to_string(row_bytes) +
+                                " threads=" + std::to_string(threads) + (two ? "" : " (planned one stage)"));
   return two;
 }
 
@@ -452,24 +457,25 @@ int staged_two_stage_runs = 0;  // check_cols runs that asked for two staged sta
 
 // col_stages 2: staged tiles through two buffers where the launch allows it
 // (V = 16), as FLASHMLA_PERM_COL_STAGES=2 plans them on a GPU.
-void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset,
-                bool in_place, int threads, const std::string& name, int64_t dst_offset = -1, int col_stages = 1) {
+void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, int64_t offset, bool in_place,
+                int threads, const std::string& name, int64_t dst_offset = -1, int col_stages = 1) {
   const int64_t row_bytes = static_cast<int64_t>(perm.size()) * esize;
   Rows src(rows, row_bytes, row_bytes + (offset % 3) * 16, offset);
-  const Rows dst_rows(rows, row_bytes, src.row_stride, dst_offset >= 0 ? dst_offset : offset + 1 + offset % 4);
+  const Rows dst_rows(rows, row_bytes, src.row_stride,
+                      dst_offset >= 0 ? dst_offset : offset + 1 + offset % 4);
   Rows dst = in_place ? src : dst_rows;
   const std::vector<uint8_t> expected = src.cols_gathered(perm, esize, src.buf, dst.buf, dst.offset);
   const fp::ColPlan plan = fp::make_col_plan(perm, esize);
   std::vector<fp::Launch> launches;
   fp::RowPlan units;
-  const fp::ColView view = fp::col_rows(in_place ? dst.data() : src.data(), dst.data(), rows,
-                                        src.row_stride, src.row_stride, row_bytes);
+  const fp::ColView view = fp::col_rows(in_place ? dst.data() : src.data(), dst.data(), rows, src.row_stride,
+                                        src.row_stride, row_bytes);
   if (in_place && !fp::gpu_cols_staged_fit(view)) {
     units = fp::make_row_plan(perm);
     const fp::UnitView uv = fp::unit_views(dst.data(), {static_cast<int64_t>(perm.size()), esize},
-                                           units.unit_rows, {{rows, src.row_stride}}, esize).front();
-    launches = fp::gpu_row_launches(&uv, 1, units, units.index.data(),
-                                    small_device());
+                                           units.unit_rows, {{rows, src.row_stride}}, esize)
+                                .front();
+    launches = fp::gpu_row_launches(&uv, 1, units, units.index.data(), small_device());
   } else {
     const fp::ColPlan* plans[] = {&plan};
     const int32_t* offsets[] = {plan.source_offset.data()};
@@ -481,9 +487,8 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
   const int stages = launches.empty() ? 1 : launches.front().stages;
   if (col_stages > 1 && stages > 1) ++staged_two_stage_runs;  // all but the 8-byte aligned case
   report(dst.buf == expected, "cols " + name + (in_place ? " in place" : " out of place") +
-                                  " cols=" + std::to_string(perm.size()) + " esize=" +
-                                  std::to_string(esize) + " threads=" + std::to_string(threads) +
-                                  (stages > 1 ? " two stages" : ""));
+                                  " cols=" + std::to_string(perm.size()) + " esize=" + std::to_string(esize) +
+                                  " threads=" + std::to_string(threads) + (stages > 1 ? " two stages" : ""));
 }
 
 // Two out-of-place jobs in one launch, both gathered in the stage loop at
@@ -667,10 +672,11 @@ void check_strided(int threads, int trials, bool serial) {
     // Now and then a tiny limit on the lines of a multi-dim view: the
     // outer dim cut into chunk views, as above 2^31 lines.
     const int64_t most = rng() % 3 == 0 ? 2 + static_cast<int64_t>(rng() % 20) : fp::kMaxMixedLines;
-    std::string what = "strided rank=" + std::to_string(rank) + " dim=" + std::to_string(d) + " esize=" +
-                       std::to_string(esize) + " threads=" + std::to_string(threads) + " most=" +
-                       std::to_string(most) + " sizes/pitches";
-    for (int i = 0; i < rank; ++i) what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
+    std::string what = "strided rank=" + std::to_string(rank) + " dim=" + std::to_string(d) +
+                       " esize=" + std::to_string(esize) + " threads=" + std::to_string(threads) +
+                       " most=" + std::to_string(most) + " sizes/pitches";
+    for (int i = 0; i < rank; ++i)
+      what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
 
     Strided t = base;  // the row engine: any layout
     const fp::RowPlan rplan = fp::make_row_plan(perm, 4);  // short segments: scratch too
@@ -679,8 +685,10 @@ void check_strided(int threads, int trials, bool serial) {
     report(t.buf == expected, what + " rows");
     if (serial) {  // the CPU executor's form, its slices forced small
       Strided r = base;
-      for (const fp::UnitView& v : fp::unit_views(r.data(), {n, r.pitch[d]}, rplan.unit_rows, r.others(d), esize, most))
-        run_rows_serial(v, rplan, 1 + static_cast<int64_t>(rng() % 3), esize * (1 + static_cast<int64_t>(rng() % 3)));
+      for (const fp::UnitView& v :
+           fp::unit_views(r.data(), {n, r.pitch[d]}, rplan.unit_rows, r.others(d), esize, most))
+        run_rows_serial(v, rplan, 1 + static_cast<int64_t>(rng() % 3),
+                        esize * (1 + static_cast<int64_t>(rng() % 3)));
       report(r.buf == expected, what + " rows serial");
     }
 
@@ -726,14 +734,17 @@ void check_packed_words(int threads, int trials, bool serial) {
       for (int64_t b = 0; b < row_bytes; ++b) expected[byte_at(r, b)] = t.buf[byte_at(r, perm[b])];
     const fp::ColPlan plan = fp::make_col_plan(perm, 1);
     const int64_t run = t.size[last] == 1 || t.pitch[last] == 4 ? row_bytes : 4;
-    const std::string what = "packed words rank=" + std::to_string(rank) + " words=" +
-                             std::to_string(t.size[last]) + " pitch=" + std::to_string(t.pitch[last]);
+    const std::string what = "packed words rank=" + std::to_string(rank) +
+                             " words=" + std::to_string(t.size[last]) +
+                             " pitch=" + std::to_string(t.pitch[last]);
     if (serial) {  // the CPU executor's form (runs of 4: pack, gather, unpack)
       Strided c = t;
-      run_col_views_serial(fp::col_views_in_place(c.data(), c.others(last), row_bytes, run, t.pitch[last]), plan);
+      run_col_views_serial(fp::col_views_in_place(c.data(), c.others(last), row_bytes, run, t.pitch[last]),
+                           plan);
       report(c.buf == expected, what + " serial");
     }
-    run_col_views(fp::col_views_in_place(t.data(), t.others(last), row_bytes, run, t.pitch[last]), plan, threads);
+    run_col_views(fp::col_views_in_place(t.data(), t.others(last), row_bytes, run, t.pitch[last]), plan,
+                  threads);
     report(t.buf == expected, what + " threads=" + std::to_string(threads));
   }
 }
@@ -765,7 +776,8 @@ void check_long_cycles(int threads, int trials, bool serial) {
     const std::vector<uint8_t> expected = gathered(base, d, perm);
     std::string what = "long cycles rank=" + std::to_string(rank) + " dim=" + std::to_string(d) +
                        " esize=" + std::to_string(esize) + " sizes/pitches";
-    for (int i = 0; i < rank; ++i) what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
+    for (int i = 0; i < rank; ++i)
+      what += " " + std::to_string(base.size[i]) + "/" + std::to_string(base.pitch[i]);
     const fp::RowPlan plan = fp::make_row_plan(perm);
     if (plan.num_scratch == 0) {
       report(false, what + ": no cycle longer than a segment (the case lost its point)");
@@ -778,7 +790,8 @@ void check_long_cycles(int threads, int trials, bool serial) {
     if (serial) {
       for (int64_t slice : {int64_t{0}, 16 * esize}) {
         Strided c = base;
-        for (const fp::UnitView& v : fp::unit_views(c.data(), {n, c.pitch[d]}, plan.unit_rows, c.others(d), esize))
+        for (const fp::UnitView& v :
+             fp::unit_views(c.data(), {n, c.pitch[d]}, plan.unit_rows, c.others(d), esize))
           run_rows_serial(v, plan, slice ? 2 : 0, slice);
         report(c.buf == expected, what + " serial slice=" + std::to_string(slice));
       }
@@ -804,9 +817,9 @@ void check_packed_cycles(int threads, int trials, bool serial) {
       report(false, name + ": nothing packed (the case lost its point)");
       continue;
     }
-    check_rows(perm, bytes, bytes + 8 * static_cast<int64_t>(rng() % 3), static_cast<int64_t>(rng() % 8), threads,
-               0, 8 * (1 + static_cast<int64_t>(rng() % 8)), 1 + static_cast<int64_t>(rng() % 70), serial, name,
-               max_segment, 0);
+    check_rows(perm, bytes, bytes + 8 * static_cast<int64_t>(rng() % 3), static_cast<int64_t>(rng() % 8),
+               threads, 0, 8 * (1 + static_cast<int64_t>(rng() % 8)), 1 + static_cast<int64_t>(rng() % 70),
+               serial, name, max_segment, 0);
   }
 }
 
@@ -814,10 +827,14 @@ void check_packed_cycles(int threads, int trials, bool serial) {
 // (permutation_of) and recognise it, and no other (applies).
 void check_plans_give_back_perm() {
   std::vector<std::pair<std::string, std::vector<int64_t>>> perms = {
-      {"random 1000", random_perm(1000)},        {"one cycle 1000", one_cycle(1000)},
-      {"with long cycle", with_long_cycle(300)}, {"blocks 70x4", block_cycle(70, 4)},
-      {"q 8x64", fp::q_fused_permutation(8, 64)}, {"o 4x96", fp::o_fused_permutation(4, 96)},
-      {"reversal", reversal(300)},               {"identity", identity(50)},
+      {"random 1000", random_perm(1000)},
+      {"one cycle 1000", one_cycle(1000)},
+      {"with long cycle", with_long_cycle(300)},
+      {"blocks 70x4", block_cycle(70, 4)},
+      {"q 8x64", fp::q_fused_permutation(8, 64)},
+      {"o 4x96", fp::o_fused_permutation(4, 96)},
+      {"reversal", reversal(300)},
+      {"identity", identity(50)},
       {"short cycles", short_cycles(400, 9)},
   };
   for (const auto& [name, perm] : perms) {
@@ -949,7 +966,8 @@ void check_plan_builder() {
                                                   pack_above, threads);
           report(plan_well_formed(p, perm, max_segment),
                  "row plan of " + name + " max_segment=" + std::to_string(max_segment) +
-                     (pack_above ? "" : " packing every short cycle") + " threads=" + std::to_string(threads));
+                     (pack_above ? "" : " packing every short cycle") +
+                     " threads=" + std::to_string(threads));
         }
       }
     }
@@ -964,7 +982,10 @@ void check_fast_div() {
   auto check = [&](uint32_t d, uint32_t n) { ok = ok && fp::FastDiv(d).div(n) == n / d; };
   for (uint32_t d = 1; d <= 3000; ++d)
     for (uint32_t k : {0u, 1u, 2u, 7u, 1000u, (0x7FFFFFFFu / d) - 1, 0x7FFFFFFFu / d})
-      for (uint32_t e = 0; e < 3 && k * d + e <= 0x7FFFFFFFu; ++e) { check(d, k * d + e); if (k * d >= 1 + e) check(d, k * d - 1 - e); }
+      for (uint32_t e = 0; e < 3 && k * d + e <= 0x7FFFFFFFu; ++e) {
+        check(d, k * d + e);
+        if (k * d >= 1 + e) check(d, k * d - 1 - e);
+      }
   for (int t = 0; t < 200000; ++t) {
     const uint32_t d = 1 + static_cast<uint32_t>(draw() % 0x7FFFFFFFu);
     check(d, static_cast<uint32_t>(draw() % 0x80000000u));
@@ -983,7 +1004,11 @@ void stress(const std::vector<int>& thread_counts) {
     const bool serial = threads == thread_counts.front();  // the serial forms once
     // Row permutations: small slices and steps force several tiles per row
     // and several passes per segment.
-    struct RowCase { std::string name; std::vector<int64_t> perm; int64_t bytes, stride_pad, offset, slice, step, lines = 0; };
+    struct RowCase {
+      std::string name;
+      std::vector<int64_t> perm;
+      int64_t bytes, stride_pad, offset, slice, step, lines = 0;
+    };
     std::vector<RowCase> rc = {
         {"q 8x64", fp::q_fused_permutation(8, 64), 40, 0, 0, 16, 4},
         {"q 64x512", fp::q_fused_permutation(64, 512), 24, 8, 3, 128, 64},
@@ -994,7 +1019,15 @@ void stress(const std::vector<int>& thread_counts) {
         {"one cycle 129", one_cycle(129), 8, 0, 2, 8, 1},
         {"reversal", reversal(300), 64, 0, 0, 32, 4},
         {"identity", identity(100), 32, 0, 0, 32, 4},
-        {"blocks", [] { auto b = random_perm(40); std::vector<int64_t> p; for (auto x : b) for (int i = 0; i < 16; ++i) p.push_back(x * 16 + i); return p; }(), 20, 4, 5, 16, 4},
+        {"blocks",
+         [] {
+           auto b = random_perm(40);
+           std::vector<int64_t> p;
+           for (auto x : b)
+             for (int i = 0; i < 16; ++i) p.push_back(x * 16 + i);
+           return p;
+         }(),
+         20, 4, 5, 16, 4},
         // Cycles over 64 units of 4 padded rows (4 lines each), lines cut
         // into 128-byte slices and units into 2-line slices: scratch read
         // line by line at a slice's column.
@@ -1004,7 +1037,11 @@ void stress(const std::vector<int>& thread_counts) {
     for (auto& c : rc)
       check_rows(c.perm, c.bytes, c.bytes + c.stride_pad, c.offset, threads, c.lines, c.slice, c.step, serial,
                  c.name);
-    struct ColCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset; };
+    struct ColCase {
+      std::string name;
+      std::vector<int64_t> perm;
+      int64_t esize, rows, offset;
+    };
     std::vector<ColCase> cc = {
         {"o 8x512", fp::o_fused_permutation(8, 512), 1, 9, 0},
         {"o chunks 8x512", fp::o_fused_chunk_permutation(8, 512), 1, 100, 0},
@@ -1013,7 +1050,7 @@ void stress(const std::vector<int>& thread_counts) {
         {"random", random_perm(301), 1, 33, 3},
         {"reversal", reversal(64), 8, 10, 0},
         {"identity", identity(48), 2, 4, 0},
-        {"wide q 64x512 bf16", fp::q_fused_permutation(64, 512), 2, 3, 0},      // 64 KiB rows
+        {"wide q 64x512 bf16", fp::q_fused_permutation(64, 512), 2, 3, 0},  // 64 KiB rows
         {"wide random", random_perm(40000), 1, 2, 5},
     };
     for (auto& c : cc)
@@ -1033,7 +1070,12 @@ void stress(const std::vector<int>& thread_counts) {
         for (int64_t i = 0; i < g; ++i) p.push_back(b * g + i);
       return p;
     };
-    struct AlignedCase { std::string name; std::vector<int64_t> perm; int64_t esize, rows, offset; bool in_place; };
+    struct AlignedCase {
+      std::string name;
+      std::vector<int64_t> perm;
+      int64_t esize, rows, offset;
+      bool in_place;
+    };
     std::vector<AlignedCase> gc = {
         {"o 8x512, 10 rows", fp::o_fused_permutation(8, 512), 1, 10, 0, true},
         {"o 8x512, pitch +16", fp::o_fused_permutation(8, 512), 1, 10, 16, true},
@@ -1051,19 +1093,27 @@ void stress(const std::vector<int>& thread_counts) {
         {"random 1000, 40 rows", random_perm(1000), 1, 40, 0, false},
         {"o 4x1024, 61 rows", fp::o_fused_permutation(4, 1024), 1, 61, 0, false},  // 16 two-stage tiles
     };
-    for (auto& c : gc) check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
+    for (auto& c : gc)
+      check_cols(c.perm, c.esize, c.rows, c.offset, c.in_place, threads, "aligned " + c.name, 16);
     // Staged tiles through two buffers (FLASHMLA_PERM_COL_STAGES=2): in place,
     // gathered in the stage loop (weights) and from the buffer (per-32 scales),
     // CTAs with several tiles on the small device.
     for (auto& c : gc)
-      if (c.in_place) check_cols(c.perm, c.esize, 4 * c.rows, c.offset, true, threads, "aligned " + c.name, 16, 2);
-    check_cols(fp::o_fused_chunk_permutation(8, 512), 1, 90, 0, true, threads, "aligned o chunks 8x16", 16, 2);
-    report(staged_two_stage_runs == 7, "staged two-stage launches planned: " + std::to_string(staged_two_stage_runs));
+      if (c.in_place)
+        check_cols(c.perm, c.esize, 4 * c.rows, c.offset, true, threads, "aligned " + c.name, 16, 2);
+    check_cols(fp::o_fused_chunk_permutation(8, 512), 1, 90, 0, true, threads, "aligned o chunks 8x16", 16,
+               2);
+    report(staged_two_stage_runs == 7,
+           "staged two-stage launches planned: " + std::to_string(staged_two_stage_runs));
     staged_two_stage_runs = 0;
     // Row tiles through two buffers (FLASHMLA_PERM_ROW_STAGES=2): whole
     // cycles, packed short ones, cut ones (the save pass, scratch tails),
     // units of several lines; every CTA of the small device runs several.
-    struct TwoStageRows { std::string name; std::vector<int64_t> perm; int64_t bytes, stride, pack_above = fp::kPackCyclesAbove; };
+    struct TwoStageRows {
+      std::string name;
+      std::vector<int64_t> perm;
+      int64_t bytes, stride, pack_above = fp::kPackCyclesAbove;
+    };
     const std::vector<TwoStageRows> tr = {
         {"q 8x64", fp::q_fused_permutation(8, 64), 48, 48},
         {"q 64x512", fp::q_fused_permutation(64, 512), 32, 32},
@@ -1076,7 +1126,8 @@ void stress(const std::vector<int>& thread_counts) {
     for (const auto& c : tr)
       two_stage_rows += check_rows_two_stages(c.perm, c.bytes, c.stride, threads, c.name, c.pack_above);
     report(two_stage_rows == static_cast<int>(tr.size()),
-           "row two-stage launches planned: " + std::to_string(two_stage_rows) + " of " + std::to_string(tr.size()));
+           "row two-stage launches planned: " + std::to_string(two_stage_rows) + " of " +
+               std::to_string(tr.size()));
     // Refused, planned with one stage, right bytes: 40-byte rows (V = 8);
     // 64-unit segments of 128-byte slices in 2 KiB buffers (several passes).
     const bool narrow = check_rows_two_stages(fp::q_fused_permutation(8, 64), 40, 48, threads, "V = 8");
@@ -1107,8 +1158,8 @@ void print_launch(const std::string& what, const fp::Launch& l) {
               fp::kernel_name(l.kernel), static_cast<long long>(l.grid), l.threads,
               static_cast<long long>(l.smem_bytes), l.ctas_per_sm, static_cast<long long>(l.tiles));
   for (int j = 0; j < l.num_jobs; ++j)
-    std::printf("  job%d: V=%d tiles=%lld max_tile=%lld", j, l.vec(j),
-                static_cast<long long>(l.job_tiles(j)), static_cast<long long>(l.max_tile_bytes[j]));
+    std::printf("  job%d: V=%d tiles=%lld max_tile=%lld", j, l.vec(j), static_cast<long long>(l.job_tiles(j)),
+                static_cast<long long>(l.max_tile_bytes[j]));
   std::printf("\n");
 }
 
@@ -1119,7 +1170,8 @@ int resident_checked = 0;
 // CTAs of `kernel` per SM by CUDA's calculator on a part of compute capability
 // `major`.0 with `dev`'s figures, capped as the executor caps them; -1 where
 // the calculator refuses its input.
-int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, int threads, int64_t smem_bytes) {
+int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, int threads,
+                     int64_t smem_bytes) {
   cudaOccDeviceProp prop;
   prop.computeMajor = major;
   prop.computeMinor = 0;
@@ -1142,8 +1194,8 @@ int cuda_ctas_per_sm(const fp::DeviceSpec& dev, int major, fp::Kernel kernel, in
   attr.maxDynamicSharedSizeBytes = 48 * 1024;
   attr.numBlockBarriers = 1;
   cudaOccResult r;
-  if (cudaOccMaxActiveBlocksPerMultiprocessor(&r, &prop, &attr, &state, threads, static_cast<size_t>(smem_bytes)) !=
-      CUDA_OCC_SUCCESS)
+  if (cudaOccMaxActiveBlocksPerMultiprocessor(&r, &prop, &attr, &state, threads,
+                                              static_cast<size_t>(smem_bytes)) != CUDA_OCC_SUCCESS)
     return -1;
   return std::min(r.activeBlocksPerMultiprocessor, dev.max_ctas_per_sm);
 }
@@ -1193,16 +1245,18 @@ void check_ctas_per_sm_grid() {
           const int cuda = cuda_ctas_per_sm(d, major, fp::Kernel::kCols, fp::kGpuThreads, smem);
           ++points;
           if (ours != cuda && wrong++ < 5)
-            std::printf("  sm_%d0, %d registers, %lld bytes of shared memory, at most %d: ours %d, CUDA's %d\n", major,
-                        regs, static_cast<long long>(smem), cap, ours, cuda);
+            std::printf(
+                "  sm_%d0, %d registers, %lld bytes of shared memory, at most %d: ours %d, CUDA's %d\n",
+                major, regs, static_cast<long long>(smem), cap, ours, cuda);
         }
-  report(wrong == 0, "ctas_per_sm as CUDA's occupancy calculator counts, " + std::to_string(points) + " points (" +
-                         std::to_string(wrong) + " differ)");
+  report(wrong == 0, "ctas_per_sm as CUDA's occupancy calculator counts, " + std::to_string(points) +
+                         " points (" + std::to_string(wrong) + " differ)");
 #endif
 }
 
 // Prints a model op's launches; whether their CTAs per SM are CUDA's count.
-bool show_launches(const std::string& what, const std::vector<fp::Launch>& launches, const fp::DeviceSpec& dev) {
+bool show_launches(const std::string& what, const std::vector<fp::Launch>& launches,
+                   const fp::DeviceSpec& dev) {
   for (const auto& l : launches) print_launch(what, l);
   return resident_as_cuda_counts(what, launches, dev);
 }
@@ -1235,8 +1289,7 @@ void model_wq_b(int tp, Variant variant = {}) {
   const fp::RowPlan plan = fp::make_row_plan(perm);
   const fp::UnitView views[] = {fp::row_units(w.data(), kQLora, kQLora, plan.unit_rows),
                                 fp::row_units(s.data(), kQLora / 32, kQLora / 32, plan.unit_rows)};
-  std::vector<fp::Launch> launches =
-      fp::gpu_row_launches(views, 2, plan, plan.index.data(), variant.spec());
+  std::vector<fp::Launch> launches = fp::gpu_row_launches(views, 2, plan, plan.index.data(), variant.spec());
   const std::string name = "wq_b tp" + std::to_string(tp) + variant.name();
   const bool resident = show_launches(name, launches, variant.spec());
   std::vector<std::vector<uint8_t>> scratch;
@@ -1244,7 +1297,8 @@ void model_wq_b(int tp, Variant variant = {}) {
   // The default budget plans the stages asked for at every TP; a smaller
   // one may leave a tile several passes, which two stages refuse.
   const int stages = launches.empty() ? 0 : launches[0].stages;
-  const bool stages_ok = variant.tile_budget ? stages >= 1 && stages <= variant.row_stages : stages == variant.row_stages;
+  const bool stages_ok =
+      variant.tile_budget ? stages >= 1 && stages <= variant.row_stages : stages == variant.row_stages;
   report(resident && launches.size() == 1 && stages_ok && w.buf == ew && s.buf == es, "model " + name);
 }
 
@@ -1264,7 +1318,8 @@ void model_wo_a(int tp, Variant variant = {}) {
   const bool resident = show_launches(name, launches, variant.spec());
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(resident && launches.size() == 1 && launches[0].stages == variant.col_stages && w.buf == ew && s.buf == es,
+  report(resident && launches.size() == 1 && launches[0].stages == variant.col_stages && w.buf == ew &&
+             s.buf == es,
          "model " + name);
 }
 
@@ -1281,14 +1336,16 @@ void model_wq_b_packed(int tp) {
   s.buf = random_bytes(4 * a * words + 16);
   const auto ew = w.rows_gathered(perm), es = gathered(s, 0, perm);
   const fp::RowPlan plan = fp::make_row_plan(perm);
-  const fp::UnitView views[] = {fp::unit_views(w.data(), {rows, kQLora}, plan.unit_rows, {{kQLora, 1}}, 1).front(),
-                                fp::unit_views(s.data(), {rows, 4}, plan.unit_rows, s.others(0), 4).front()};
+  const fp::UnitView views[] = {
+      fp::unit_views(w.data(), {rows, kQLora}, plan.unit_rows, {{kQLora, 1}}, 1).front(),
+      fp::unit_views(s.data(), {rows, 4}, plan.unit_rows, s.others(0), 4).front()};
   std::vector<fp::Launch> launches =
       fp::gpu_row_launches(views, 2, plan, plan.index.data(), fp::DeviceSpec{});
   const bool resident = show_launches("wq_b packed tp" + std::to_string(tp), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es, "model wq_b packed MN-major scale tp" + std::to_string(tp));
+  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es,
+         "model wq_b packed MN-major scale tp" + std::to_string(tp));
 }
 
 // FlashMLA's wv: fp8 [n_groups, out, 8 * 512] and its packed scale int32
@@ -1320,7 +1377,8 @@ void model_wv_packed(int tp) {
   const bool resident = show_launches("wv packed tp" + std::to_string(tp), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es, "model wv packed scale tp" + std::to_string(tp));
+  report(resident && launches.size() == 1 && w.buf == ew && s.buf == es,
+         "model wv packed scale tp" + std::to_string(tp));
 }
 
 void model_permute_q(int64_t heads, int64_t tokens) {
@@ -1336,7 +1394,8 @@ void model_permute_q(int64_t heads, int64_t tokens) {
   const bool resident = show_launches("permute_q h" + std::to_string(heads), launches, fp::DeviceSpec{});
   std::vector<std::vector<uint8_t>> scratch;
   run_launches(launches, scratch, 2);
-  report(resident && launches.size() == 1 && dst.buf == expected, "model permute_q heads=" + std::to_string(heads));
+  report(resident && launches.size() == 1 && dst.buf == expected,
+         "model permute_q heads=" + std::to_string(heads));
 }
 
 }  // namespace
@@ -1357,7 +1416,8 @@ int main(int argc, char** argv) {
     for (int64_t budget : {8192, 16384}) model_wq_b(8, {1, budget});
     for (int64_t budget : {8192, 16384}) model_wq_b(8, {1, budget, 1});
     for (int tp : {2, 8}) model_wq_b(tp, {1, 0, 1});  // one stage (TP2: CTAs with three tiles)
-    for (Variant v : {Variant{2, 0}, Variant{1, 8192}, Variant{1, 16384}, Variant{2, 16384}}) model_wo_a(8, v);
+    for (Variant v : {Variant{2, 0}, Variant{1, 8192}, Variant{1, 16384}, Variant{2, 16384}})
+      model_wo_a(8, v);
     model_wo_a(1, {2, 0});
     for (int tp : {1, 8}) model_wq_b_packed(tp);
     for (int tp : {1, 8}) model_wv_packed(tp);
