@@ -280,9 +280,11 @@ void apply_cols(const std::vector<ColTarget>& work, const char* op) {
 }
 
 bool gather_narrow_cpu(const at::Tensor& self, int64_t dim, const at::Tensor& perm, const char* op) {
-  // perm is read on every pass: one in self's storage (a row of it) would
+  // perm is read on every pass: one sharing self's bytes (a row of it, or
+  // the same memory through another storage: from_numpy, frombuffer) would
   // be read after earlier passes wrote it. The plans read it once.
-  if (!self.is_cpu() || !perm.is_cpu() || self.numel() == 0 || !engine_layout(self) || perm.is_alias_of(self))
+  if (!self.is_cpu() || !perm.is_cpu() || self.numel() == 0 || !engine_layout(self) ||
+      overlap(byte_layout(perm), byte_layout(self)) != Overlap::kNo)
     return false;
   if (self.stride(dim) == 1 && !gathered_rows(self, dim).empty()) return false;  // the column engine's
   const std::vector<UnitView> views = units_of(self, dim, 1);

@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -42,6 +43,9 @@ void load_nvrtc_kernels(c10::Device device, const cudaDeviceProp& prop) {
   TORCH_CHECK(!cuda_capturing(device), "flashmla_perm: the CUDA kernels are not compiled for ", device,
               " yet, and the stream is capturing a CUDA graph; call the op once before capture (warm-up) so "
               "that NVRTC compiles and loads them outside it");
+  // Relaxed: another thread capturing in the global mode must not have its
+  // capture invalidated by this load.
+  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   C10_CUDA_CHECK(cudaFree(nullptr));  // the device's primary context, current on this thread
   nvrtc::load(device.index(), prop.major, prop.minor);
 }

@@ -47,6 +47,11 @@ const char* const kShims[] = {
     "  static constexpr T value = v; using value_type = T; using type = integral_constant;\n"
     "  constexpr operator T() const { return v; } };\n}\n"};
 
+// NVRTC's options besides the architecture. Unannotated functions are
+// device code (tile_bodies.h's inline helpers, and the lambdas, which nvcc
+// takes as device code inside a kernel).
+const char* const kOptions[] = {"-std=c++17", "-default-device", "-Xptxas=-v"};
+
 // The kernels by the names cuda_kernels.cu gives them, in Kernel order with
 // cols' staged form before its direct one (as cuda_kernels.cu's compiled_kernel).
 const char* const kKernelExpressions[4] = {
@@ -194,13 +199,21 @@ std::string hex(uint64_t v) {
 // An entry: a header of text lines (magic, the four lowered names, the
 // cubin's size and checksum), then the cubin. Anything short of that (a
 // truncated or damaged file) is compiled again.
-constexpr char kMagic[] = "flashmla_perm nvrtc cubin 1";
+constexpr char kMagic[] = "flashmla_perm nvrtc cubin 2";
+
+// What an entry's checksum covers: the lowered names and the cubin, so that
+// a damaged byte in either is compiled again rather than failing each load.
+uint64_t checksum(const Compiled& c) {
+  uint64_t h = kFnvStart;
+  for (const std::string& n : c.names) h = fnv1a(h, n.c_str(), n.size() + 1);
+  return fnv1a(h, c.cubin.data(), c.cubin.size());
+}
 
 std::string entry_bytes(const Compiled& c) {
   std::ostringstream out;
   out << kMagic << "\n";
   for (const std::string& n : c.names) out << n << "\n";
-  out << c.cubin.size() << "\n" << hex(fnv1a(kFnvStart, c.cubin.data(), c.cubin.size())) << "\n" << c.cubin;
+  out << c.cubin.size() << "\n" << hex(checksum(c)) << "\n" << c.cubin;
   return out.str();
 }
 
@@ -218,10 +231,20 @@ bool parse_entry(const std::string& bytes, Compiled& c) {
   const std::streamoff at = in.tellg();
   if (at < 0 || bytes.size() - static_cast<size_t>(at) != size) return false;
   c.cubin = bytes.substr(static_cast<size_t>(at));
-  return hex(fnv1a(kFnvStart, c.cubin.data(), c.cubin.size())) == sum;
+  return hex(checksum(c)) == sum;
+}
+
+// Only a regular file of this user's that no one else may write is read: a
+// cubin another user planted in a shared cache folder would run on this
+// process's tensors.
+bool own_file(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+         (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
 bool read_file(const std::string& path, std::string& out) {
+  if (!own_file(path)) return false;
   std::ifstream f(path, std::ios::binary);
   if (!f) return false;
   std::ostringstream s;
@@ -338,6 +361,10 @@ std::string source_hash(const std::string& extra, const std::string& main) {
     h = fnv1a(h, kEmbeddedNames[i], std::strlen(kEmbeddedNames[i]) + 1);
     h = fnv1a(h, text, std::strlen(text) + 1);
   }
+  // And all else the cubin depends on: the shims, the kernels' names, the options.
+  for (const char* text : kShims) h = fnv1a(h, text, std::strlen(text) + 1);
+  for (const char* e : kKernelExpressions) h = fnv1a(h, e, std::strlen(e) + 1);
+  for (const char* o : kOptions) h = fnv1a(h, o, std::strlen(o) + 1);
   return hex(fnv1a(h, extra.data(), extra.size()));
 }
 
@@ -347,8 +374,9 @@ std::string cache_dir() {
   if (const char* dir = std::getenv("FLASHMLA_PERM_CACHE_DIR"); dir && *dir) return dir;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
     return std::string(xdg) + "/flashmla_perm";
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/flashmla_perm";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/flashmla_perm";
+  return "/tmp/flashmla_perm-" + std::to_string(::geteuid());  // a folder per user
 }
 
 Compiled compile(const std::string& arch, const std::string& extra, const std::string& main) {
@@ -372,12 +400,11 @@ Compiled compile(const std::string& arch, const std::string& extra, const std::s
       &prog, [](nvrtcProgram* p) { nvrtc_library().DestroyProgram(p); });
   for (const char* e : kKernelExpressions)
     check_nvrtc(n, n.AddNameExpression(prog, e), "nvrtcAddNameExpression");
-  // Unannotated functions are device code (tile_bodies.h's inline helpers
-  // and the lambdas, which nvcc takes as device code inside a kernel).
   const std::string gpu = "--gpu-architecture=" + arch;
-  const char* options[] = {gpu.c_str(), "-std=c++17", "-default-device", "-Xptxas=-v"};
+  std::vector<const char*> options = {gpu.c_str()};
+  options.insert(options.end(), std::begin(kOptions), std::end(kOptions));
   const auto start = std::chrono::steady_clock::now();
-  const int result = n.CompileProgram(prog, 4, options);
+  const int result = n.CompileProgram(prog, static_cast<int>(options.size()), options.data());
   Compiled c;
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   size_t size = 0;

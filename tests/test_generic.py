@@ -161,3 +161,17 @@ def test_a_perm_inside_the_tensor_it_permutes(gen):
     expected = t.index_select(1, t[0].long())
     fp.permute_(t, t[0], 1)
     assert_same_bytes(t, expected)
+
+
+def test_a_perm_sharing_memory_with_the_tensor_through_another_storage(gen):
+    """The same as above through another storage (torch.frombuffer over
+    self's memory, as from_numpy or DLPack give): the gather path, which
+    reads perm on every pass, must see the shared bytes, not the storage."""
+    n = 140_000
+    t = torch.randint(0, 1 << 30, (4, n), dtype=torch.int32, generator=gen)
+    t[0] = torch.randperm(n, generator=gen).int()
+    perm = torch.frombuffer(t.numpy(), dtype=torch.int32, count=n)  # row 0, a storage of its own
+    assert perm.data_ptr() == t.data_ptr() and perm.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    expected = t.index_select(1, perm.long())
+    fp.permute_(t, perm, 1)
+    assert_same_bytes(t, expected)
