@@ -221,15 +221,7 @@ class Check:
         env = dict(crash_probe.handler_env(self.handler, self.env) if self.handler else {}, **(env or {}))
         env.update({} if self.dry else {"FLASHMLA_PERM_EXPECT_CUDA": "1"})
         rc = self.python(
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "faulthandler_timeout=60",
-            "-rfEs",
-            "-v",
-            *(["-p", "crash_probe"] if self.handler else []),
+            *crash_probe.suite_args(self.handler),
             f"--junitxml={self.path(name + '.xml')}",
             *args,
             env=env,

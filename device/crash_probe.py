@@ -237,23 +237,15 @@ def environment():
     }
 
 
+def suite_args(handler):  # not pytest_*: pytest would take it for a hook
+    """pytest as the device check runs it, the handler's plugin loaded where built."""
+    plugin = ["-p", "crash_probe"] if handler else []
+    return ["-m", "pytest", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=60", "-rfEs", "-v", *plugin]
+
+
 def case_argv(name, device, handler):
     if CASES[name][1] == "pytest":  # the suite's collection, then the test that crashed first
-        return [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "faulthandler_timeout=60",
-            "-rfEs",
-            "-v",
-            *(["-p", "crash_probe"] if handler else []),
-            "tests",
-            "-k",
-            f"{CRASHED_TEST} and {device}",
-        ]
+        return [sys.executable, *suite_args(handler), "tests", "-k", f"{CRASHED_TEST} and {device}"]
     return [sys.executable, os.path.abspath(__file__), "--case", name, "--device", device]
 
 
