@@ -39,6 +39,7 @@ TIMEOUTS = {
     "model": 15,
 }  # 480 in all
 BENCH_BASELINES = ("inplace", "outofplace", "copy_1buf")  # bench_load_time.py's BASELINES
+BENCH_KINDS = "wq_b,wo_a,wq_b_packed,wv_packed,permute_q,permute_q_h128,load"
 # The sweep's launch plans (label, the executor's environment, kinds), each
 # timed in a benchmark process of its own beside the copy.
 SWEEP = (
@@ -184,12 +185,17 @@ class Check:
         )
 
     def step_bench(self):
+        # The model's kinds; not `generic` (4 one-shot permutations of 4 Mi
+        # units, host planning each time), which would spend the step's
+        # budget before the TP rows are written.
         self.bench(
             "--tp",
             "1",
             "2",
             "4",
             "8",
+            "--kinds",
+            BENCH_KINDS,
             "--kernel-times",
             "--json",
             self.path("bench.json"),
