@@ -1,21 +1,16 @@
-// CUDA kernels: three kernels (row segments, their save pass, column
-// gathers), each a grid-stride loop over the tiles of up to two jobs, so a
-// model op's weight and scale go in one launch. launch.h sizes everything;
-// this file holds the device code and its launch, and includes no torch
-// header (cuda_kernels.h says why).
+// The CUDA kernels: three kernels (row segments, their save pass, column
+// gathers; the last in a staged and a direct form), each a grid-stride loop
+// over the tiles of up to two jobs, so a model op's weight and scale go in
+// one launch. launch.h sizes everything; this file holds device code only.
 //
-// One source, two compilers: nvcc builds it ahead of time, and NVRTC at run
-// time (csrc/nvrtc_kernels.cpp, which embeds this file and the headers it
-// names) for the device's own architecture. NVRTC sees the kernels alone
-// (__CUDACC_RTC__): no CUDA runtime header, no host code.
-#ifdef __CUDACC_RTC__
+// One source, two compilers, one way to run it: nvcc (-cubin) or NVRTC
+// compiles it for each architecture, at install or at first use
+// (docs/design.md, "Kernels: built at install, compiled at first use"), and
+// the host loads the cubin and launches the kernels through the driver API
+// (csrc/cuda/kernels.cpp) by their extern "C" names, the same whichever
+// compiler built them. It includes nothing but csrc/device_launch.h (and
+// through it tile_bodies.h and three standard headers, which NVRTC is given).
 #include "device_launch.h"
-#else
-#include "cuda_kernels.h"
-
-#include <algorithm>
-#include <type_traits>
-#endif
 
 namespace flashmla_perm {
 namespace {
@@ -116,8 +111,9 @@ constexpr int kRowsMinCtas = 6;
 constexpr int kSaveHeadsMinCtas = 8;
 constexpr int kColsMinCtas = 9;
 
+// The kernels' bodies; the kernels themselves, below, are extern "C".
 // Two stages where the device spec asks (FLASHMLA_PERM_ROW_STAGES).
-__global__ void __launch_bounds__(kGpuThreads, kRowsMinCtas) flashmla_perm_rows(Jobs<RowJob> p) {
+__device__ __forceinline__ void rows_kernel(const Jobs<RowJob>& p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
   if (p.job[0].stage_bytes > 0) {
@@ -134,7 +130,7 @@ __global__ void __launch_bounds__(kGpuThreads, kRowsMinCtas) flashmla_perm_rows(
   });
 }
 
-__global__ void __launch_bounds__(kGpuThreads, kSaveHeadsMinCtas) flashmla_perm_save_heads(Jobs<RowJob> p) {
+__device__ __forceinline__ void save_heads_kernel(const Jobs<RowJob>& p) {
   CudaCtx ctx;
   for_each_tile(p, HeadTiles{}, [&](const RowJob& job, int64_t tile) {
     with_vector_width(job.vec, [&](auto v) { save_segment_head<decltype(v)::value>(ctx, job, tile); });
@@ -157,7 +153,7 @@ __device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_
 // tiles that gather in their stage loop; staged ones where the device spec
 // asks, FLASHMLA_PERM_COL_STAGES) run two_stage_loop.
 template <bool kStaged>
-__global__ void __launch_bounds__(kGpuThreads, kColsMinCtas) flashmla_perm_cols(Jobs<ColJob> p) {
+__device__ __forceinline__ void cols_kernel(const Jobs<ColJob>& p) {
   extern __shared__ uint4 smem[];
   CudaCtx ctx;
   if (p.job[0].stage_bytes > 0) {
@@ -180,72 +176,28 @@ __global__ void __launch_bounds__(kGpuThreads, kColsMinCtas) flashmla_perm_cols(
 }
 
 }  // namespace
-
-#ifndef __CUDACC_RTC__
-// The names NVRTC's build looks the kernels up by (nvrtc_kernels.cpp) are
-// these four, in this order: rows, save_heads, cols<true>, cols<false>.
-void launch_kernel(const Launch& l, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(l.grid)), block(static_cast<unsigned>(l.threads));
-  if (l.kernel == Kernel::kCols) {
-    Jobs<ColJob> p{{l.cols[0], l.cols[1]}, l.num_jobs};
-    if (l.cols[0].staged)
-      flashmla_perm_cols<true><<<grid, block, l.smem_bytes, stream>>>(p);
-    else
-      flashmla_perm_cols<false><<<grid, block, l.smem_bytes, stream>>>(p);
-  } else {
-    Jobs<RowJob> p{{l.rows[0], l.rows[1]}, l.num_jobs};
-    if (l.kernel == Kernel::kRows)
-      flashmla_perm_rows<<<grid, block, l.smem_bytes, stream>>>(p);
-    else
-      flashmla_perm_save_heads<<<grid, block, 0, stream>>>(p);
-  }
-}
-
-namespace {
-
-// The compiled kernels: rows, save_heads, then cols' staged and direct forms.
-constexpr int kCompiledKernels = 4;
-const void* compiled_kernel(int k) {
-  const void* kernels[kCompiledKernels] = {reinterpret_cast<const void*>(&flashmla_perm_rows),
-                                           reinterpret_cast<const void*>(&flashmla_perm_save_heads),
-                                           reinterpret_cast<const void*>(&flashmla_perm_cols<true>),
-                                           reinterpret_cast<const void*>(&flashmla_perm_cols<false>)};
-  return kernels[k];
-}
-
-}  // namespace
-
-cudaError_t query_kernel_registers(DeviceSpec& spec) {
-  int regs[kCompiledKernels];
-  for (int k = 0; k < kCompiledKernels; ++k) {
-    const void* kernel = compiled_kernel(k);
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                         cudaSharedmemCarveoutMaxShared);
-    cudaFuncAttributes attr;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernel);
-    if (e != cudaSuccess) return e;
-    regs[k] = attr.numRegs;
-  }
-  spec.regs[static_cast<int>(Kernel::kRows)] = regs[0];
-  spec.regs[static_cast<int>(Kernel::kSaveHeads)] = regs[1];
-  spec.regs[static_cast<int>(Kernel::kCols)] = std::max(regs[2], regs[3]);
-  return cudaSuccess;
-}
-
-cudaError_t resident_ctas_per_sm(Kernel kernel, int threads, int64_t smem_bytes, int* ctas) {
-  const int first = kernel == Kernel::kCols ? 2 : static_cast<int>(kernel);
-  const int last = kernel == Kernel::kCols ? 3 : first;
-  *ctas = 0;
-  for (int k = first; k <= last; ++k) {
-    int n = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, compiled_kernel(k), threads,
-                                                                        static_cast<size_t>(smem_bytes));
-    if (e != cudaSuccess) return e;
-    *ctas = k == first ? n : std::min(*ctas, n);
-  }
-  return cudaSuccess;
-}
-
-#endif  // __CUDACC_RTC__
-
 }  // namespace flashmla_perm
+
+// The entry points, by the names the host looks up (csrc/cuda/kernels.cpp's
+// kKernelNames): unmangled, so the same for nvcc and NVRTC.
+using flashmla_perm::ColJob;
+using flashmla_perm::Jobs;
+using flashmla_perm::RowJob;
+extern "C" {
+__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kRowsMinCtas)
+    flashmla_perm_rows(Jobs<RowJob> p) {
+  flashmla_perm::rows_kernel(p);
+}
+__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kSaveHeadsMinCtas)
+    flashmla_perm_save_heads(Jobs<RowJob> p) {
+  flashmla_perm::save_heads_kernel(p);
+}
+__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsMinCtas)
+    flashmla_perm_cols_staged(Jobs<ColJob> p) {
+  flashmla_perm::cols_kernel<true>(p);
+}
+__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsMinCtas)
+    flashmla_perm_cols_direct(Jobs<ColJob> p) {
+  flashmla_perm::cols_kernel<false>(p);
+}
+}
