@@ -146,7 +146,7 @@ DeviceFields device_fields(const DeviceSpec& spec) {
 DeviceFields device_fields(const DeviceFields& device) { return device_fields(device_spec(device)); }
 
 #ifndef FLASHMLA_PERM_WITH_CUDA
-// CPU builds (cuda_executor.cpp has the CUDA builds' forms).
+// CPU builds (cuda/executor.cpp has the CUDA builds' forms).
 DeviceFields cuda_device_fields(int) {
   throw std::runtime_error("flashmla_perm was built without CUDA kernels");
 }

@@ -15,12 +15,13 @@
 // Plain C++ headers only: ATen's would double this file's build time.
 #include "counters.h"
 #include "launch_info.h"
-#include "nvrtc_kernels.h"
 #include "overlap.h"
-
-#ifndef FLASHMLA_PERM_CUDA_ARCHS
-#define FLASHMLA_PERM_CUDA_ARCHS ""
+#ifdef FLASHMLA_PERM_WITH_CUDA
+#include "cuda/kernel_cache.h"
+#include "cuda/kernels.h"
+#include "cuda/nvrtc.h"
 #endif
+
 #ifndef FLASHMLA_PERM_TORCH_VERSION
 #define FLASHMLA_PERM_TORCH_VERSION "unknown"
 #endif
@@ -48,14 +49,19 @@ py::dict build_info() {
   static const char stamp[] = "flashmla_perm built for torch " FLASHMLA_PERM_TORCH_BUILD;
   py::dict d;
   d["cuda"] = kWithCuda;
-  d["cuda_archs"] = FLASHMLA_PERM_CUDA_ARCHS;
-  // "nvcc" (built ahead of time), "nvrtc" (compiled at first use on a
-  // device), "" without the CUDA kernels.
+  // The kernels built at install: (arch, compiler) each; "cuda_compiler" is
+  // "nvcc" where nvcc built them, "nvrtc" where NVRTC did or where none were
+  // built (compiled at first use), "" without the CUDA side.
+  py::list kernels;
+  std::string compiler = kWithCuda ? "nvrtc" : "";
 #ifdef FLASHMLA_PERM_WITH_CUDA
-  d["cuda_compiler"] = fp::nvrtc::cuda_compiler();
-#else
-  d["cuda_compiler"] = "";
+  for (const auto& [arch, by] : fp::cuda::installed()) {
+    kernels.append(py::make_tuple(arch, by));
+    if (by.rfind("nvcc", 0) == 0) compiler = "nvcc";
+  }
 #endif
+  d["kernels"] = kernels;
+  d["cuda_compiler"] = compiler;
   d["torch"] = FLASHMLA_PERM_TORCH_VERSION;
   d["cuda_off_reason"] = kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON;
   d["stamp"] = stamp;
@@ -138,40 +144,77 @@ std::string byte_overlap(const PyLayout& a, const std::optional<PyLayout>& b) {
 }
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
+// "sm_90" -> (9, 0); ValueError for anything else.
+std::pair<int, int> arch_numbers(const std::string& arch) {
+  if (arch.size() < 5 || arch.rfind("sm_", 0) != 0 || arch.find_first_not_of("0123456789", 3) != std::string::npos)
+    throw std::invalid_argument("arch must be like 'sm_90', got '" + arch + "'");
+  return {std::stoi(arch.substr(3, arch.size() - 4)), arch.back() - '0'};
+}
+
+py::dict origin_dict(const fp::cuda::Origin& o) {
+  py::dict d;
+  d["kind"] = o.kind;
+  d["text"] = o.text;
+  d["seconds"] = o.seconds;
+  return d;
+}
+
+py::dict kernel_origin(const std::string& arch) {
+  const auto [major, minor] = arch_numbers(arch);
+  return origin_dict(fp::cuda::origin(major, minor));
+}
+
+py::dict prepare_kernels(const std::string& arch) {
+  const auto [major, minor] = arch_numbers(arch);
+  fp::cuda::Origin o;
+  {
+    py::gil_scoped_release release;  // NVRTC may take seconds
+    o = fp::cuda::prepare(major, minor);
+  }
+  return origin_dict(o);
+}
+
 // NVRTC's build of the kernels, for python -m flashmla_perm.nvrtc and the
 // tests (no GPU needed): the GIL is released while NVRTC compiles.
 py::dict nvrtc_compile(const std::string& arch, const std::string& extra) {
-  fp::nvrtc::Compiled c;
+  fp::cuda::nvrtc::Compiled c;
   {
     py::gil_scoped_release release;
-    c = fp::nvrtc::compile(arch, extra);
+    c = fp::cuda::nvrtc::compile(arch, extra);
   }
   py::dict d;
   d["log"] = c.log;
   d["seconds"] = c.seconds;
   d["cubin_bytes"] = c.cubin.size();
-  d["names"] = std::vector<std::string>(std::begin(c.names), std::end(c.names));
   return d;
 }
 
+// The disk cache with a source of the tests' (a small one compiles in
+// milliseconds), keyed as the module keys its own.
 py::dict nvrtc_cached(const std::string& arch, const std::string& extra, const std::string& source) {
-  fp::nvrtc::CacheEntry e;
+  namespace cache = fp::cuda::kernel_cache;
+  cache::Entry e;
   {
     py::gil_scoped_release release;
-    e = fp::nvrtc::cached(arch, extra, source);
+    e = cache::get(arch, fp::cuda::nvrtc_cache_key(arch, extra, source), [&] {
+      const fp::cuda::nvrtc::Compiled c = fp::cuda::nvrtc::compile(arch, extra, source);
+      return cache::Compiled{c.cubin, c.log, c.seconds};
+    });
   }
   py::dict d;
   d["path"] = e.path;
   d["compiled"] = e.compiled;
-  d["cubin_bytes"] = e.code.cubin.size();
+  d["cubin_bytes"] = e.cubin.size();
   return d;
 }
 
 py::dict nvrtc_info() {
+  const fp::cuda::nvrtc::Library& lib = fp::cuda::nvrtc::library();  // raises where NVRTC is missing
   py::dict d;
-  d["cache_dir"] = fp::nvrtc::cache_dir();
-  d["source_hash"] = fp::nvrtc::source_hash();
-  d["version"] = fp::nvrtc::version();  // raises where NVRTC is missing
+  d["version"] = lib.version;
+  d["build_id"] = lib.build_id;
+  d["path"] = lib.path;
+  d["source_hash"] = fp::cuda::nvrtc::source_hash();
   return d;
 }
 #endif
@@ -206,13 +249,34 @@ PYBIND11_MODULE(_C, m) {
         "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs per SM by the CUDA runtime's "
         "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
 #ifdef FLASHMLA_PERM_WITH_CUDA
+  fp::cuda::find_nvrtc_beside_torch();
+  m.def("kernel_origin", &kernel_origin, py::arg("arch"),
+        "kernel_origin(arch): where the kernels for arch ('sm_90') come from, compiling nothing: kind "
+        "('install', 'cache' or 'compiled'), text, seconds.");
+  m.def("prepare_kernels", &prepare_kernels, py::arg("arch"),
+        "prepare_kernels(arch): the kernels for arch made ready in this process (compiled and cached where "
+        "nothing serves them): kind, text, seconds. No GPU needed.");
+  m.def("device_kernels", &fp::cuda::device_origin, py::arg("device"),
+        "device_kernels(device): where the kernels loaded on that CUDA device came from ('' before its first use).");
+  m.def("kernel_cache_dir", &fp::cuda::kernel_cache::root, "The kernel cache's folder (its entries: nvrtc/).");
+  m.def("set_kernel_cache_root", &fp::cuda::kernel_cache::set_host_root, py::arg("root"),
+        "set_kernel_cache_root(root): the cache's folder unless FLASHMLA_PERM_CACHE_DIR is set ('' unsets).");
+  m.def("kernel_notes", &fp::cuda::kernel_cache::notes, "What the CUDA side said once (to stderr).");
   m.def("nvrtc_compile", &nvrtc_compile, py::arg("arch"), py::arg("extra") = "",
         "nvrtc_compile(arch, extra=''): NVRTC's build of the kernels for arch ('sm_90'): log (ptxas's "
-        "report among it), seconds, cubin_bytes, names. extra is appended to the source (tests).");
+        "report among it), seconds, cubin_bytes. extra is appended to the source (tests).");
   m.def("nvrtc_cached", &nvrtc_cached, py::arg("arch"), py::arg("extra") = "", py::arg("source") = "",
         "nvrtc_cached(arch, extra='', source=''): the kernels for arch through the disk cache: path, "
         "compiled (False: read from the cache), cubin_bytes. source replaces the kernels' file (tests).");
-  m.def("nvrtc_info", &nvrtc_info, "nvrtc_info(): NVRTC's version, the cache folder, the sources' hash.");
+  m.def("nvrtc_info", &nvrtc_info, "nvrtc_info(): NVRTC's version, build ID and path, the sources' hash.");
+  m.def(
+      "nvrtc_candidates",
+      [] {
+        std::string skipped;
+        std::vector<std::string> c = fp::cuda::nvrtc::candidates(skipped);
+        return py::make_tuple(c, skipped);
+      },
+      "nvrtc_candidates(): (where NVRTC is looked for, in order; what was skipped, in words).");
 #endif
   // csrc/overlap.h on byte layouts, b None for a's self-overlap: "no", "yes"
   // or "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.

@@ -6,11 +6,12 @@ Same names, signatures and results as the reference functions
 ``torch.ops.flashmla_perm.*``.
 """
 
-import re
+import os
 
 import torch
 
-from . import _ops
+
+from . import _ops, _switches
 from . import flashmla  # noqa: F401  (fp.flashmla.permute_q_b_proj)
 from ._ops import path_counts
 from ._version import __version__
@@ -26,6 +27,15 @@ from .reference import (
     o_fused_permutation,
     q_fused_permutation,
 )
+
+# What the native module reads of the environment, refused at import where
+# wrong (it checks again where it reads them).
+_switches.switch("FLASHMLA_PERM_JIT")
+if os.environ.get("FLASHMLA_PERM_CACHE_DIR", "") and not os.path.isabs(os.environ["FLASHMLA_PERM_CACHE_DIR"]):
+    raise ValueError(
+        "flashmla_perm: FLASHMLA_PERM_CACHE_DIR must be an absolute path, "
+        f"got {os.environ['FLASHMLA_PERM_CACHE_DIR']!r}"
+    )
 
 __all__ = [
     "HEAD_DIM",
@@ -94,18 +104,23 @@ def unpermute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_
 
 
 def build_info() -> dict:
-    """What runs here: ``native`` (the native module loaded), ``cuda`` (CUDA
-    kernels in the module), ``cuda_compiler`` (``"nvcc"``: built ahead of
-    time for ``cuda_archs``; ``"nvrtc"``: compiled by NVRTC at first use on a
-    device, for its own architecture; None without CUDA kernels), ``torch``
+    """What runs here: ``native`` (the native module loaded), ``cuda`` (its
+    CUDA side), ``kernels`` (per architecture, where its kernels come from:
+    ``"built at install by nvcc 13.0.88"`` or ``"... by NVRTC 13.0"``; each
+    also runs on the later minors of its family, and any other architecture's
+    are compiled at first use by NVRTC and cached in ``kernel_cache``),
+    ``cuda_archs`` (those built at install), ``cuda_compiler`` (``"nvcc"``
+    where nvcc built them, else ``"nvrtc"``; None without CUDA), ``torch``
     (the version built against), ``version``; ``native_error`` says why the
     native module is not used, if it is not, and ``cuda_off_reason`` why the
-    CUDA kernels are off (None when they are on)."""
+    CUDA side is off (None when it is on)."""
     info = {
         "native": _ops._C is not None,
         "cuda": False,
         "cuda_compiler": None,
         "cuda_archs": [],
+        "kernels": {},
+        "kernel_cache": None,
         "torch": None,
         "version": __version__,
         "native_error": _ops.native_error,
@@ -115,11 +130,14 @@ def build_info() -> dict:
         built = _ops._C.build_info()
         info["cuda"] = bool(built["cuda"])
         info["cuda_compiler"] = built.get("cuda_compiler") or None
-        info["cuda_archs"] = [a for a in re.split(r"[;, ]+", built["cuda_archs"]) if a]
+        info["kernels"] = {arch: f"built at install by {by}" for arch, by in built.get("kernels", [])}
+        info["cuda_archs"] = list(info["kernels"])
         info["torch"] = built["torch"]
         info["cuda_off_reason"] = (
             None
             if info["cuda"]
             else (built.get("cuda_off_reason") or "unknown (a module built before it recorded why)")
         )
+        if info["cuda"]:
+            info["kernel_cache"] = _ops._C.kernel_cache_dir()
     return info

@@ -1,13 +1,21 @@
-"""The CUDA kernels through NVRTC, without a GPU: compiles every kernel for an
-architecture and reports, per kernel, what ptxas says of it (registers, spill
-stores and loads, stack frame, static shared memory). ``--gate`` fails on any
-spill or stack frame, or sm_100 over 1.1x sm_90's registers, as
-scripts/ptxas_gate.py does for nvcc's build.
+"""The CUDA kernels without a GPU: warm the kernel cache, or report what
+ptxas says of NVRTC's build.
 
-    python -m flashmla_perm.nvrtc --arch sm_90 [--arch sm_100 ...] [--json FILE] [--gate]
+    python -m flashmla_perm.nvrtc --warm [--arch sm_XY ...]
+    python -m flashmla_perm.nvrtc --arch sm_XY [--arch ...] [--json FILE] [--gate]
 
-Needs a module with the CUDA kernels (either compiler: both embed the source)
-and NVRTC (the nvidia-cuda-nvrtc package torch's CUDA wheels bring).
+``--warm`` makes every architecture's kernels ready on this machine, one line
+each: built at install (nothing to do), found in the kernel cache, or compiled
+by NVRTC now (and cached, with the seconds). Without ``--arch``, the visible
+GPUs' architectures; with it, no GPU is needed (an image builder: one line in
+a Dockerfile). The report (``--arch`` alone) compiles every kernel with NVRTC
+and prints, per kernel, registers, spill stores and loads, stack frame and
+static shared memory; ``--gate`` fails on any spill or stack frame, or sm_100
+over 1.1x sm_90's registers, as scripts/ptxas_gate.py does for the install's
+build log.
+
+Needs a module with the CUDA side, and NVRTC (the nvidia-cuda-nvrtc package
+torch's CUDA wheels bring) for anything it compiles.
 """
 
 import argparse
@@ -20,14 +28,12 @@ ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 SM100_OVER_SM90 = 1.1  # most registers sm_100 may take, over sm_90's (scripts/ptxas_gate.py too)
-# The lowered names as cuda_kernels.cu's kernels are called (the anonymous
-# namespace's part of the mangled name differs between compilers).
-SHORT = [
-    ("flashmla_perm_rowsE", "rows"),
-    ("flashmla_perm_save_headsE", "save_heads"),
-    ("flashmla_perm_colsILb1E", "cols<true>"),
-    ("flashmla_perm_colsILb0E", "cols<false>"),
-]
+SHORT = {  # csrc/cuda/kernels.cu's extern "C" names
+    "flashmla_perm_rows": "rows",
+    "flashmla_perm_save_heads": "save_heads",
+    "flashmla_perm_cols_staged": "cols_staged",
+    "flashmla_perm_cols_direct": "cols_direct",
+}
 
 
 def parse(log):
@@ -36,8 +42,7 @@ def parse(log):
     records, current = [], None
     for line in log.splitlines():
         if m := ENTRY.search(line):
-            name = next((short for key, short in SHORT if key in m.group(1)), m.group(1))
-            current = {"kernel": name, "arch": m.group(2)}
+            current = {"kernel": SHORT.get(m.group(1), m.group(1)), "arch": m.group(2)}
             records.append(current)
         elif current and (m := PROPS.search(line)):
             current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
@@ -46,32 +51,44 @@ def parse(log):
     return records
 
 
-def compile_arch(arch):
+def native():
     from flashmla_perm import _ops
 
-    if _ops._C is None or not hasattr(_ops._C, "nvrtc_compile"):
+    if _ops._C is None or not hasattr(_ops._C, "prepare_kernels"):
         raise SystemExit(
-            "flashmla_perm.nvrtc: the native module has no CUDA kernels "
+            "flashmla_perm.nvrtc: the native module has no CUDA side "
             f"(build_info: {__import__('flashmla_perm').build_info()})"
         )
-    out = _ops._C.nvrtc_compile(arch)
+    return _ops._C
+
+
+def compile_arch(arch):
+    out = native().nvrtc_compile(arch)
     records = parse(out["log"])
     for r in records:
         r["seconds"] = round(out["seconds"], 2)
     return records
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", action="append", required=True, help="sm_80, sm_90, sm_100, ... (repeatable)")
-    ap.add_argument("--json", help="write the records here, a JSON list")
-    ap.add_argument(
-        "--gate", action="store_true", help="fail on any spill or stack frame, or sm_100 over 1.1x sm_90's registers"
-    )
-    args = ap.parse_args(argv)
+def visible_archs():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("flashmla_perm.nvrtc --warm: no GPU visible; name the architectures with --arch sm_XY")
+    return sorted({"sm_%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+
+
+def warm(archs):
+    """One line per architecture, as each is ready: where its kernels come from."""
+    C = native()
+    for arch in archs:
+        yield f"{arch}: {C.prepare_kernels(arch)['text']}"
+
+
+def report(archs, json_path=None, gate=False):
     # NVRTC runs without the GIL: the architectures compile side by side.
-    with ThreadPoolExecutor(max_workers=len(args.arch)) as pool:
-        records = [r for rs in pool.map(compile_arch, args.arch) for r in rs]
+    with ThreadPoolExecutor(max_workers=len(archs)) as pool:
+        records = [r for rs in pool.map(compile_arch, archs) for r in rs]
     print(f"{'arch':7} {'regs':>4} {'smem':>5} {'stack':>5} {'spill':>5} {'secs':>5}  kernel")
     bad = []
     for r in records:
@@ -83,7 +100,7 @@ def main(argv=None):
         if r.get("stack", 1) or spill or "registers" not in r:
             bad.append(f"{r['arch']} {r['kernel']}")
     # sm_100 (B200, GB200; B300 runs its code) within 1.1x sm_90's registers,
-    # as scripts/ptxas_gate.py holds nvcc's build: fewer CTAs per SM otherwise.
+    # as scripts/ptxas_gate.py holds the install's build: fewer CTAs per SM otherwise.
     sm90 = {r["kernel"]: r.get("registers", 0) for r in records if r["arch"] == "sm_90"}
     for r in records:
         if (
@@ -92,22 +109,40 @@ def main(argv=None):
             and r.get("registers", 0) > SM100_OVER_SM90 * sm90[r["kernel"]]
         ):
             bad.append(f"sm_100 {r['kernel']} ({r['registers']} registers, sm_90 {sm90[r['kernel']]})")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(records, f, indent=2)
-    expected = 4 * len(args.arch)
+    expected = len(SHORT) * len(archs)
     if len(records) != expected:
         print(f"NVRTC gate: {len(records)} kernel reports, expected {expected}")
         return 1
-    if args.gate and bad:
+    if gate and bad:
         print(f"NVRTC gate FAILED: spills, stack frames or sm_100 registers in {bad}")
         return 1
-    if args.gate:
+    if gate:
         print(
             f"NVRTC gate passed: {len(records)} kernel builds, no spills, no stack frames, sm_100 within "
             f"{SM100_OVER_SM90}x sm_90's registers"
         )
     return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", action="append", help="sm_80, sm_90, sm_100, ... (repeatable)")
+    ap.add_argument("--warm", action="store_true", help="make the kernels ready (default: the visible GPUs')")
+    ap.add_argument("--json", help="the report: write its records here, a JSON list")
+    ap.add_argument(
+        "--gate", action="store_true", help="fail on any spill or stack frame, or sm_100 over 1.1x sm_90's registers"
+    )
+    args = ap.parse_args(argv)
+    if args.warm:
+        for line in warm(args.arch or visible_archs()):
+            print(line, flush=True)
+        return 0
+    if not args.arch:
+        ap.error("--arch is needed for the report (or --warm)")
+    return report(args.arch, args.json, args.gate)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ fi
 # an edited source rebuilds it.
 stamp_now() {
   (cd "$ROOT" && "$PY" -c "import torch; print(torch.__version__)" &&
-    cat setup.py csrc/* | sha256sum && env | grep -E '^(FLASHMLA_PERM_CUDA|FLASHMLA_PERM_SANITIZE|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort || true)
+    find setup.py csrc scripts/build_kernels.py -type f | sort | xargs cat | sha256sum &&
+    env | grep -E '^(FLASHMLA_PERM_CUDA|FLASHMLA_PERM_SANITIZE|TORCH_CUDA_ARCH_LIST|CUDA_HOME)=' | sort || true)
 }
 STAMP=$ROOT/flashmla_perm/.build_stamp
 if [ "$(stamp_now)" != "$(cat "$STAMP" 2>/dev/null)" ] || ! ls "$ROOT"/flashmla_perm/_C*.so >/dev/null 2>&1; then
@@ -61,7 +62,7 @@ if [ "$(stamp_now)" != "$(cat "$STAMP" 2>/dev/null)" ] || ! ls "$ROOT"/flashmla_
   fi
   echo "== built in $(( $(date +%s) - start ))s (log: $VENV/build.log)"
   # pip shows a build's output only with -v: repeat setup.py's line on CUDA.
-  grep -E '^ *flashmla_perm: CUDA kernels' "$VENV/build.log" | tail -n 1 | sed 's/^ */== /' || true
+  grep -E '^ *flashmla_perm: (kernels|CUDA off)' "$VENV/build.log" | tail -n 1 | sed 's/^ */== /' || true
   stamp_now > "$STAMP"
 fi
 # (An instrumented module loads only with its sanitizer runtime preloaded.)

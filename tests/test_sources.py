@@ -1,7 +1,8 @@
 """What the C++ sources include, which is most of the build's time (docs/design.md,
 "Build time"): no file includes ATen/ATen.h (every op's declaration, 18.6 s
-of parsing per file on the CI machine), and the CUDA kernels include no torch
-header at all (nvcc parses its file once per architecture)."""
+of parsing per file on the CI machine); the CUDA kernels include no torch
+header at all; and no source includes a CUDA header, so that the module
+builds with torch alone (docs/design.md, "Build")."""
 
 import re
 from pathlib import Path
@@ -19,7 +20,7 @@ def includes(path):
 def sources():
     if not CSRC.is_dir():
         pytest.skip("no csrc/ beside the tests (a tree that holds only the package and tests)")
-    return sorted(p for p in CSRC.iterdir() if p.suffix in {".h", ".cpp", ".cu"})
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in {".h", ".cpp", ".cu"})
 
 
 def test_the_pattern_reads_includes():
@@ -53,3 +54,9 @@ def test_the_kernels_include_no_torch_header():
             h for h in headers_reached(path) if h.split("/")[0] in {"ATen", "c10", "torch", "pybind11", "Python.h"}
         )
         assert torch_headers == [], f"{path.name} reaches {torch_headers}"
+
+
+def test_no_source_includes_a_cuda_header():
+    cuda = re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api|nvrtc|cudaTypedefs)\.h$|^(c10|ATen)/cuda/|^crt/")
+    found = {p.name: [h for h in includes(p) if cuda.search(h)] for p in sources()}
+    assert {name: hs for name, hs in found.items() if hs} == {}

@@ -1,16 +1,13 @@
-// CUDA executor, the host side: queries the device once, allocates scratch
-// from the caching allocator and launches cuda_kernels.cu's kernels on the
-// current stream, as nvcc built them (FLASHMLA_PERM_NVCC_KERNELS) or as NVRTC
-// builds them at first use on a device (nvrtc_kernels.h). Built only with the
-// CUDA kernels (FLASHMLA_PERM_WITH_CUDA), by the host compiler.
-#ifdef FLASHMLA_PERM_WITH_CUDA
-
+// CUDA executor, the host side: queries each device once, allocates scratch
+// from torch's caching allocator and launches the kernels (cuda/kernels.h) on
+// torch's current stream. No CUDA header: the device through the driver API
+// (cuda/driver.h), the stream through torch's C shim, the guard and the
+// allocator through torch's device-generic API. Built only with the CUDA
+// kernels (FLASHMLA_PERM_WITH_CUDA), by the host compiler.
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include <ATen/ops/record_stream.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -20,34 +17,33 @@
 #include <utility>
 #include <vector>
 
-#ifdef FLASHMLA_PERM_NVCC_KERNELS
-#include "cuda_kernels.h"
-#endif
+#include "cuda/driver.h"
+#include "cuda/kernels.h"
+#include "cuda/torch_stream.h"
 #include "executors.h"
 #include "launch_info.h"
-#include "nvrtc_kernels.h"
 
 namespace flashmla_perm {
 
 namespace {
 
-// Whether the kernels launched are NVRTC's (nvrtc_kernels.h).
-bool by_nvrtc() { return std::string(nvrtc::cuda_compiler()) == "nvrtc"; }
+cuda::CUstream current_stream(c10::Device device) {
+  void* stream = nullptr;
+  TORCH_CHECK(aoti_torch_get_current_cuda_stream(device.index(), &stream) == 0,
+              "flashmla_perm: torch did not give the current CUDA stream of ", device);
+  return static_cast<cuda::CUstream>(stream);
+}
 
-// NVRTC's kernels for the device, compiled (or read from the cache) and
-// loaded on its first use. Not under graph capture: loading a module is no
-// work a capture can record, so that first use must come before it, as a
-// plan's upload must (apply.cpp).
-void load_nvrtc_kernels(c10::Device device, const cudaDeviceProp& prop) {
-  if (nvrtc::loaded(device.index())) return;
-  TORCH_CHECK(!cuda_capturing(device), "flashmla_perm: the CUDA kernels are not compiled for ", device,
+// The device's kernels, loaded on its first use. Not under graph capture:
+// loading them (and compiling, where the install built none for this
+// architecture) is no work a capture can record, so that first use must
+// come before it, as a plan's upload must (apply.cpp).
+void load_kernels(c10::Device device) {
+  if (cuda::loaded(device.index())) return;
+  TORCH_CHECK(!cuda_capturing(device), "flashmla_perm: the CUDA kernels are not loaded on ", device,
               " yet, and the stream is capturing a CUDA graph; call the op once before capture (warm-up) so "
-              "that NVRTC compiles and loads them outside it");
-  // Relaxed: another thread capturing in the global mode must not have its
-  // capture invalidated by this load.
-  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
-  C10_CUDA_CHECK(cudaFree(nullptr));  // the device's primary context, current on this thread
-  nvrtc::load(device.index(), prop.major, prop.minor);
+              "that they are loaded outside it");
+  cuda::load(device.index());  // throws std::runtime_error, torch's RuntimeError
 }
 
 }  // namespace
@@ -79,28 +75,24 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& [i, s] : specs)
     if (i == index) return s;
-  const c10::cuda::CUDAGuard guard(device);
-  cudaDeviceProp prop;
-  C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  const c10::DeviceGuard guard(device);
+  load_kernels(device);
   DeviceSpec s;
-  s.sm_count = prop.multiProcessorCount;
-  s.smem_per_sm = static_cast<int64_t>(prop.sharedMemPerMultiprocessor);
-  s.smem_reserved_per_cta = static_cast<int64_t>(prop.reservedSharedMemPerBlock);
-  s.threads_per_sm = prop.maxThreadsPerMultiProcessor;
-  s.regs_per_sm = prop.regsPerMultiprocessor;
-  s.max_ctas_per_sm = std::min(prop.maxBlocksPerMultiProcessor,
-                               env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
+  {
+    using cuda::device_attribute;
+    s.sm_count = device_attribute(index, cuda::kMultiprocessorCount);
+    s.smem_per_sm = device_attribute(index, cuda::kMaxSharedMemoryPerMultiprocessor);
+    s.smem_reserved_per_cta = device_attribute(index, cuda::kReservedSharedMemoryPerBlock);
+    s.threads_per_sm = device_attribute(index, cuda::kMaxThreadsPerMultiprocessor);
+    s.regs_per_sm = device_attribute(index, cuda::kMaxRegistersPerMultiprocessor);
+    s.max_ctas_per_sm = device_attribute(index, cuda::kMaxBlocksPerMultiprocessor);
+    for (const Kernel k : {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols})
+      s.regs[static_cast<int>(k)] = cuda::registers(index, k);
+  }
+  s.max_ctas_per_sm = std::min(s.max_ctas_per_sm, env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
   s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
   s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
   s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
-  if (by_nvrtc()) {
-    load_nvrtc_kernels(device, prop);
-    nvrtc::query_kernel_registers(index, s);
-  } else {
-#ifdef FLASHMLA_PERM_NVCC_KERNELS
-    C10_CUDA_CHECK(query_kernel_registers(s));
-#endif
-  }
   specs.emplace_back(index, s);
   return s;
 }
@@ -118,26 +110,21 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
                     "'cols', got '",
                     kernel, "'");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
-  cuda_device_spec(device);  // sets the kernels' carveout preference, once per device
-  const c10::cuda::CUDAGuard guard(device);
-  if (by_nvrtc()) return nvrtc::resident_ctas_per_sm(index, *k, threads, smem_bytes);
-  int ctas = 0;
-#ifdef FLASHMLA_PERM_NVCC_KERNELS
-  C10_CUDA_CHECK(resident_ctas_per_sm(*k, threads, smem_bytes, &ctas));
-#endif
-  return ctas;
+  cuda_device_spec(device);  // loads the kernels, once per device
+  const c10::DeviceGuard guard(device);
+  cuda::make_current(index);
+  return cuda::resident_ctas_per_sm(index, *k, threads, smem_bytes);
 }
 
 bool cuda_capturing(c10::Device device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()), &status));
-  return status != cudaStreamCaptureStatusNone;
+  cuda::make_current(device.index());
+  return cuda::capturing(current_stream(device));
 }
 
 void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
               const std::vector<at::Tensor>& arrays) {
-  const c10::cuda::CUDAGuard guard(device);
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
+  const c10::DeviceGuard guard(device);
+  const cuda::CUstream stream = current_stream(device);
   // Scratch from the caching allocator, on this stream: freed (for reuse by
   // this stream's later work) when this function returns.
   std::vector<at::Tensor> scratch;
@@ -150,23 +137,13 @@ void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
       set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
     }
   }
-  const bool nvrtc_kernels = by_nvrtc();
+  cuda::make_current(device.index());
   for (const std::vector<Launch>& launches : groups)
     for (const Launch& l : launches)
-      if (l.tiles > 0) {
-        if (nvrtc_kernels) {
-          nvrtc::launch_kernel(device.index(), l, stream.stream());
-        } else {
-#ifdef FLASHMLA_PERM_NVCC_KERNELS
-          launch_kernel(l, stream.stream());
-#endif
-        }
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
-  for (const at::Tensor& a : arrays)
-    c10::cuda::CUDACachingAllocator::recordStream(a.storage().data_ptr(), stream);
+      if (l.tiles > 0) cuda::launch(device.index(), l, stream);
+  // The plans' arrays (the kernels read them) outlive this stream's work.
+  const c10::Stream current = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device);
+  for (const at::Tensor& a : arrays) const_cast<at::Tensor&>(a).record_stream(current);
 }
 
 }  // namespace flashmla_perm
-
-#endif  // FLASHMLA_PERM_WITH_CUDA
