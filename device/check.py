@@ -6,7 +6,6 @@ when every step passed.
 """
 
 import csv
-import glob
 import json
 import os
 import re
@@ -31,7 +30,7 @@ TIMEOUTS = {
     "sweep": 50,
     "tests": 65,
     "runtime": 25,
-    "nvrtc": 60,
+    "first_use": 60,
     "ptxas": 5,
     "ncu": 25,
     "memcheck": 20,
@@ -250,15 +249,19 @@ class Check:
     def step_runtime(self):
         self.pytest("runtime", "tests/test_cuda_runtime.py")
 
-    def step_nvrtc(self):
-        """The same kernels compiled by NVRTC (nvcc's build switches at run
-        time): first use with an empty cache, then from the cache, each the
-        first op of its process; NVRTC's tests and the TP1 bench under it."""
-        env = {"FLASHMLA_PERM_CUDA": "nvrtc", "FLASHMLA_PERM_CACHE_DIR": os.path.join(self.work, "nvrtc_cache")}
-        shutil.rmtree(env["FLASHMLA_PERM_CACHE_DIR"], ignore_errors=True)
+    def step_first_use(self):
+        """The first call of a fresh process: with the kernels built at install
+        (nothing to compile), then with NVRTC's (FLASHMLA_PERM_JIT=1) from an
+        empty cache and from the cache, each the first op of its process,
+        bytes checked; the TP1 bench on NVRTC's kernels (their speed beside
+        the bench step's, the install's); the kernels' tests."""
+        cache = os.path.join(self.work, "kernel_cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        jit = {"FLASHMLA_PERM_JIT": "1", "FLASHMLA_PERM_CACHE_DIR": cache}
         if not self.dry:
-            for use in ("first_use", "cached"):
-                self.python("-c", NVRTC_USE, use, env=env)
+            self.python("-c", FIRST_CALL, "install", env={"FLASHMLA_PERM_CACHE_DIR": cache})
+            for way in ("nvrtc", "nvrtc_cached"):
+                self.python("-c", FIRST_CALL, way, env=jit)
             self.bench(
                 "--tp",
                 "1",
@@ -267,10 +270,10 @@ class Check:
                 "--backends",
                 "native",
                 "--json",
-                self.path("nvrtc_bench.json"),
-                env=env,
+                self.path("first_use_bench.json"),
+                env=jit,
             )
-        self.pytest("nvrtc", "tests/test_nvrtc.py", "-k", "not every_kernel", **({} if self.dry else {"env": env}))
+        self.pytest("first_use", "tests/test_kernels.py")
 
     def step_ptxas(self):  # dry: no CUDA build, nothing to gate
         self.dry or self.python("scripts/ptxas_gate.py", self.path("build.log"), "--json", self.path("ptxas.json"))
@@ -352,10 +355,12 @@ class Check:
         self.sanitize("racecheck")
 
     def step_model(self):
-        cuobjdump, so = find_tool("cuobjdump"), glob.glob(os.path.join(ROOT, "flashmla_perm", "_C*.so"))
-        if cuobjdump and so and self.arch and not self.dry:  # this build's instruction counts
+        # This build's instruction counts, from the cubin the install built (setup.py's build/generated).
+        arch = "sm_" + self.arch.split(";")[-1].replace(".", "") if self.arch else ""
+        cuobjdump, cubin = find_tool("cuobjdump"), os.path.join(ROOT, "build", "generated", "kernels", f"{arch}.cubin")
+        if cuobjdump and os.path.exists(cubin) and not self.dry:
             self.run(
-                [cuobjdump, "-sass", "-arch", "sm_" + self.arch.split(";")[-1].replace(".", ""), so[0]],
+                [cuobjdump, "-sass", cubin],
                 stdout=self.path("sass.txt"),
                 check=False,
             )
@@ -426,12 +431,13 @@ class Check:
                 "crashed": sorted(set(re.findall(r"worker '\w+' crashed while running '([^']+)'", log))),
                 "handler": crash_probe.handler_record(log),
             }
-        if name == "nvrtc":
-            doc = load_json(self.path("nvrtc_bench.json")) or {}
+        if name == "first_use":
+            doc = load_json(self.path("first_use_bench.json")) or {}
             return {
-                "seconds": {m[0]: float(m[1]) for m in re.findall(r"^NVRTC_(\w+)_S ([\d.]+)$", log, re.M)},
-                **junit(self.path("nvrtc.xml")),
-                "rows": {
+                "first_call_s": {m[0]: float(m[1]) for m in re.findall(r"^FIRST_CALL_(\w+)_S ([\d.]+)$", log, re.M)},
+                "kernels": re.findall(r"^KERNELS (.*)$", log, re.M),
+                **junit(self.path("first_use.xml")),
+                "nvrtc_rows": {
                     f"{r['kind']} tp{r['tp']}": {k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")}
                     for r in doc.get("rows", [])
                 },
@@ -542,12 +548,13 @@ class Check:
         return 0 if all(s["status"] == "ok" for s in self.steps) else 1
 
 
-# One NVRTC use as a process's first op (argv[1]: first_use or cached): the
-# seconds of the first call (compile or cache read, load, launch), its bytes
-# against the reference.
-NVRTC_USE = """
+# A process's first op (argv[1]: install, nvrtc or nvrtc_cached): the
+# seconds of the first call (loading the kernels, or compiling or reading
+# the cache, then loading; the launch), its bytes against the reference, and
+# where its kernels came from.
+FIRST_CALL = """
 import sys, time, torch, flashmla_perm as f
-assert f.build_info()["cuda_compiler"] == "nvrtc", f.build_info()
+from flashmla_perm import _ops
 g = torch.Generator().manual_seed(1)
 w = torch.randint(0, 256, (4096, 1280), dtype=torch.uint8, generator=g).cuda()
 s = torch.randint(0, 256, (4096, 10), dtype=torch.uint8, generator=g).cuda()
@@ -557,8 +564,9 @@ torch.cuda.synchronize()
 start = time.perf_counter()
 f.permute_wq_b_(w, s, 8)
 torch.cuda.synchronize()
-print(f"NVRTC_{sys.argv[1].upper()}_S {time.perf_counter() - start:.3f}")
-assert torch.equal(w, want[0]) and torch.equal(s, want[1]), "NVRTC's kernels moved bytes wrongly"
+print(f"FIRST_CALL_{sys.argv[1].upper()}_S {time.perf_counter() - start:.3f}")
+print("KERNELS", sys.argv[1], _ops._C.device_kernels(torch.cuda.current_device()))
+assert torch.equal(w, want[0]) and torch.equal(s, want[1]), "the kernels moved bytes wrongly"
 """
 
 GPU_INFO = """
