@@ -4,8 +4,9 @@ to this package.
 Installed as the entry point ``flashmla_perm`` in the group
 ``vllm.general_plugins``, so vLLM calls :func:`register` in every process it
 starts (``VLLM_PLUGINS``, when set, must name ``flashmla_perm``).
-``FLASHMLA_PERM_VLLM=0`` turns it off. It never raises into vLLM's start-up:
-whatever goes wrong, it changes nothing and says why in one log line.
+``FLASHMLA_PERM_VLLM=0`` (or ``false``, ``off``, ``no``) turns it off. It never
+raises into vLLM's start-up: whatever goes wrong, it changes nothing and says
+why in one log line.
 
 vLLM's callers take the function by name (``from fused_layout import
 permute_on_load``), so it is replaced in fused_layout and in every module
@@ -26,6 +27,8 @@ import logging
 import os
 import sys
 
+from ._switches import switch
+
 # A child of vLLM's logger, so the line comes out in vLLM's format.
 logger = logging.getLogger("vllm.plugins.flashmla_perm")
 
@@ -39,8 +42,11 @@ _originals = {}
 
 def _why_not():
     """Why nothing should be routed, or None."""
-    if os.environ.get("FLASHMLA_PERM_VLLM", "1") == "0":
-        return "FLASHMLA_PERM_VLLM=0"
+    try:
+        if not switch("FLASHMLA_PERM_VLLM", True):
+            return f"FLASHMLA_PERM_VLLM={os.environ['FLASHMLA_PERM_VLLM'].strip()}"
+    except ValueError as e:
+        return str(e)
     import flashmla_perm
 
     info = flashmla_perm.build_info()

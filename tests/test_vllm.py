@@ -428,13 +428,38 @@ def test_register_says_which_compiler_built_the_kernels(vllm_names, plugin_log, 
     assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
 
 
-def test_register_off_switch(vllm_names, plugin_log, monkeypatch):
-    monkeypatch.setenv("FLASHMLA_PERM_VLLM", "0")
+@pytest.mark.parametrize("value", ["0", "false", " OFF ", "No"])
+def test_register_off_switch(vllm_names, plugin_log, monkeypatch, value):
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
     from flashmla_perm import vllm_plugin
 
     vllm_plugin.register()
     assert untouched(vllm_names)
-    assert len(plugin_log) == 1 and "FLASHMLA_PERM_VLLM=0" in plugin_log[0].getMessage()
+    assert len(plugin_log) == 1 and f"FLASHMLA_PERM_VLLM={value.strip()}" in plugin_log[0].getMessage()
+
+
+@pytest.mark.parametrize("value", ["1", " TRUE", "on", "Yes ", "", "  "])
+def test_register_on_switch(vllm_names, plugin_log, monkeypatch, value):
+    needs_native()
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
+    from flashmla_perm import vllm_plugin
+
+    vllm_plugin.register()
+    assert routed(vllm_names), plugin_log[0].getMessage()
+
+
+@pytest.mark.parametrize("value", ["garbage", "2", "of", "y"])
+def test_register_refuses_a_switch_it_cannot_read(vllm_names, plugin_log, monkeypatch, value):
+    """Neither on nor off: nothing routed, and the line names the variable
+    and the value."""
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
+    from flashmla_perm import vllm_plugin
+
+    vllm_plugin.register()
+    assert untouched(vllm_names)
+    message = plugin_log[0].getMessage()
+    assert len(plugin_log) == 1 and message.startswith("flashmla_perm: changed nothing: "), message
+    assert f"FLASHMLA_PERM_VLLM={value!r} is not a switch value" in message, message
 
 
 def test_register_without_native_module(vllm_names, plugin_log, monkeypatch):
