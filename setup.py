@@ -55,7 +55,7 @@ def cuda_mode(torch):
         try:
             on = SWITCHES.parse("FLASHMLA_PERM_CUDA", raw, None)
         except ValueError as e:
-            raise SystemExit(f"{e} (or nvcc, nvrtc)")
+            raise SystemExit(f"flashmla_perm: {e} (or nvcc, nvrtc)")
         if on is False:
             return None, "switched off (FLASHMLA_PERM_CUDA=0)"
         mode = "auto"

@@ -1,7 +1,7 @@
 // Boolean switches in the environment (FLASHMLA_PERM_*): 0/1, true/false,
 // on/off and yes/no, in any case, blanks around them ignored; unset or empty
 // is the default, and any other value is refused, naming the variable and
-// the value (flashmla_perm/_switches.py reads them the same way).
+// the value, as flashmla_perm/_switches.py does.
 #pragma once
 
 #include <cctype>
@@ -20,8 +20,9 @@ inline bool env_switch(const char* name, bool unset) {
   if (v.empty()) return unset;
   if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "off" || v == "no") return false;
-  throw std::invalid_argument(std::string("flashmla_perm: ") + name + " must be one of 0/1, true/false, on/off, "
-                              "yes/no, got '" + (raw ? raw : "") + "'");
+  throw std::invalid_argument(std::string(name) + "='" + (raw ? raw : "") +
+                              "' is not a switch value: use one of 1, true, on, yes (on) or 0, false, off, no "
+                              "(off), in any case");
 }
 
 }  // namespace flashmla_perm

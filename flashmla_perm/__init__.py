@@ -30,7 +30,7 @@ from .reference import (
 
 # What the native module reads of the environment, refused at import where
 # wrong (it checks again where it reads them).
-_switches.switch("FLASHMLA_PERM_JIT")
+_switches.switch("FLASHMLA_PERM_JIT", False)
 if os.environ.get("FLASHMLA_PERM_CACHE_DIR", "") and not os.path.isabs(os.environ["FLASHMLA_PERM_CACHE_DIR"]):
     raise ValueError(
         "flashmla_perm: FLASHMLA_PERM_CACHE_DIR must be an absolute path, "

@@ -8,8 +8,10 @@ import re
 import torch
 
 from ._schemas import SCHEMAS
+from ._switches import switch
 
-FORCE_REFERENCE = os.environ.get("FLASHMLA_PERM_FORCE_REFERENCE", "") == "1"
+# Refused at import if it is not a switch word (flashmla_perm/_switches.py).
+FORCE_REFERENCE = switch("FLASHMLA_PERM_FORCE_REFERENCE", False)
 BUILD_COMMAND = "`pip install --no-build-isolation -e .` in the repository (or `bash scripts/test.sh`)"
 _STAMP = re.compile(rb"flashmla_perm built for torch ([\x21-\x7e]+)\x00")
 
@@ -77,8 +79,10 @@ def explain_native_error(error, package_dir, torch_version):
 
 
 _C = None
-native_error = "FLASHMLA_PERM_FORCE_REFERENCE=1" if FORCE_REFERENCE else None
-if not FORCE_REFERENCE:
+native_error = None
+if FORCE_REFERENCE:
+    native_error = f"FLASHMLA_PERM_FORCE_REFERENCE={os.environ['FLASHMLA_PERM_FORCE_REFERENCE'].strip()}"
+else:
     try:
         from . import _C  # registers torch.ops.flashmla_perm.*
     except ImportError as e:

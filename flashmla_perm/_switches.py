@@ -1,25 +1,34 @@
-"""Boolean switches in the environment (FLASHMLA_PERM_*): 0/1, true/false,
-on/off and yes/no, in any case, blanks around them ignored; unset or empty is
-the default, and any other value is refused, naming the variable and the
-value. csrc/switches.h reads them the same way. No import of the package:
-setup.py loads this file on its own."""
+"""On/off switches read from the environment, one definition for all of them.
+
+``1``, ``true``, ``on``, ``yes`` mean on; ``0``, ``false``, ``off``, ``no``
+mean off; any case, blanks around the word ignored. Unset or blank: the
+default. Anything else is refused (ValueError naming the variable and the
+value): a switch that reads a typo as "on" or "off" does what nobody asked.
+csrc/switches.h reads the native module's the same way. Imports nothing of
+the package: setup.py loads this file on its own.
+"""
 
 import os
 
-TRUE = ("1", "true", "on", "yes")
-FALSE = ("0", "false", "off", "no")
+ON_WORDS = ("1", "true", "on", "yes")
+OFF_WORDS = ("0", "false", "off", "no")
 
 
-def parse(name, raw, default):
-    word = (raw or "").strip().lower()
+def parse(name: str, value, default: bool) -> bool:
+    """``value`` (a string, or None for unset) as the switch ``name``."""
+    word = (value or "").strip().lower()
     if not word:
         return default
-    if word in TRUE:
+    if word in ON_WORDS:
         return True
-    if word in FALSE:
+    if word in OFF_WORDS:
         return False
-    raise ValueError(f"flashmla_perm: {name} must be one of 0/1, true/false, on/off, yes/no, got {raw!r}")
+    raise ValueError(
+        f"{name}={value!r} is not a switch value: use one of {', '.join(ON_WORDS)} (on)"
+        f" or {', '.join(OFF_WORDS)} (off), in any case"
+    )
 
 
-def switch(name, default=False):
-    return parse(name, os.environ.get(name), default)
+def switch(name: str, default: bool, environ=None) -> bool:
+    """The switch ``name`` from ``environ`` (default: ``os.environ``)."""
+    return parse(name, (os.environ if environ is None else environ).get(name), default)

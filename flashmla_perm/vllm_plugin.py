@@ -4,8 +4,9 @@ to this package.
 Installed as the entry point ``flashmla_perm`` in the group
 ``vllm.general_plugins``, so vLLM calls :func:`register` in every process it
 starts (``VLLM_PLUGINS``, when set, must name ``flashmla_perm``).
-``FLASHMLA_PERM_VLLM=0`` turns it off. It never raises into vLLM's start-up:
-whatever goes wrong, it changes nothing and says why in one log line.
+``FLASHMLA_PERM_VLLM=0`` (or ``false``, ``off``, ``no``) turns it off. It never
+raises into vLLM's start-up, and says in one log line what it changed, or why
+nothing.
 
 vLLM's callers take the function by name (``from fused_layout import
 permute_on_load``), so it is replaced in fused_layout and in every module
@@ -15,16 +16,25 @@ process, whatever the model): an import hook routes it the moment vLLM
 imports it, before any caller can take the name.
 
 A function is routed only where it takes the arguments ours takes (names,
-kinds and defaults): a vLLM that changed them is not the one this package
-was checked against, and keeps its own (the log line says so).
+kinds and defaults) and, run on small CPU tensors beside ours, writes the
+same bytes: a vLLM that changed either is not the one this package was
+checked against, and keeps its own (the log line says why). Every decision
+is made before the first name changes, and a replacement that fails undoes
+the others, so vLLM runs either all of ours or none.
 """
 
+import contextlib
 import importlib.abc
 import importlib.util
 import inspect
 import logging
 import os
 import sys
+import types
+
+import torch
+
+from ._switches import switch
 
 # A child of vLLM's logger, so the line comes out in vLLM's format.
 logger = logging.getLogger("vllm.plugins.flashmla_perm")
@@ -35,12 +45,18 @@ FUSED_LAYOUT = "vllm.models.deepseek_v41.common.ops.fused_layout"
 ROUTED_NAMES = ("permute_on_load", "permute_wq_b_", "permute_wo_a_")
 # vLLM's functions this process routed, by name (what a caller had before).
 _originals = {}
+# A module's own namespace, read past its class's attribute hooks: a lazy
+# module is not loaded by looking, and one whose attributes raise is still read.
+_MODULE_DICT = types.ModuleType.__dict__["__dict__"]
 
 
 def _why_not():
     """Why nothing should be routed, or None."""
-    if os.environ.get("FLASHMLA_PERM_VLLM", "1") == "0":
-        return "FLASHMLA_PERM_VLLM=0"
+    try:
+        if not switch("FLASHMLA_PERM_VLLM", True):
+            return f"FLASHMLA_PERM_VLLM={os.environ['FLASHMLA_PERM_VLLM'].strip()}"
+    except ValueError as e:
+        return str(e)
     import flashmla_perm
 
     info = flashmla_perm.build_info()
@@ -60,16 +76,61 @@ def _fused_layout_file_exists():
     return any(os.path.exists(os.path.join(root, rel)) for root in roots)
 
 
-def _replace_everywhere(name, original, ours):
-    """``ours`` in place of ``original`` in every imported module that holds it;
-    the names of the modules changed."""
-    changed = []
-    for module_name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and namespace.get(name) is original:
+def _namespace(module):
+    """The dict a module's global names live in (raises if it has none)."""
+    if issubclass(type(module), types.ModuleType):
+        return _MODULE_DICT.__get__(module)
+    return vars(module)  # something else in sys.modules: its attributes
+
+
+def _holders(fused_layout, chosen):
+    """Every (module name, module, name) whose namespace holds vLLM's function
+    of that name, fused_layout first; and the sys.modules entries that could
+    not be read (skipped, each with why)."""
+    found, unreadable = [], []
+    entries = [(FUSED_LAYOUT, fused_layout)]
+    entries += [(n, m) for n, m in list(sys.modules.items()) if m is not fused_layout]
+    for module_name, module in entries:
+        try:
+            namespace = _namespace(module)
+            if not isinstance(namespace, dict):
+                continue
+            held = [name for name, (original, _) in chosen.items() if namespace.get(name) is original]
+        except Exception as e:  # noqa: BLE001 -- an odd entry must not stop the rest
+            unreadable.append(f"{module_name} ({type(e).__name__}: {e})")
+            continue
+        found += [(module_name, module, name) for name in held]
+    return found, unreadable
+
+
+def _replace_all(found, chosen):
+    """Ours in every place found, or (if one refuses) vLLM's back in all of
+    them. None when all took it; otherwise the log line."""
+    for i, (module_name, module, name) in enumerate(found):
+        ours = chosen[name][1]
+        try:
             setattr(module, name, ours)
-            changed.append(module_name)
-    return changed
+            if _namespace(module).get(name) is not ours:
+                raise RuntimeError("the name did not change")
+        except Exception as e:  # noqa: BLE001 -- a module that refuses: undo the others
+            failed = f"{name} could not be replaced in {module_name} ({type(e).__name__}: {e})"
+            break
+    else:
+        return None
+    stuck = []
+    for module_name, module, name in reversed(found[: i + 1]):
+        original, ours = chosen[name]
+        try:
+            if _namespace(module).get(name) is ours:
+                setattr(module, name, original)
+            if _namespace(module).get(name) is not ours:
+                continue
+        except Exception:  # noqa: BLE001 -- said in the line
+            pass
+        stuck.append(f"{name} in {module_name}")
+    if stuck:  # the line must not say "changed nothing"
+        return f"routed only {', '.join(stuck)}, where vLLM's could not be put back: {failed}"
+    return f"changed nothing: {failed}"
 
 
 def _parameters(fn):
@@ -92,6 +153,103 @@ def _differs(original, ours):
     return f"it takes {inspect.signature(original)}, not {inspect.signature(ours)}"
 
 
+# ---- the probe: vLLM's function and ours on the same small CPU tensors ----------
+#
+# A function that keeps the signature can still do something else (a later
+# vLLM, a decorator): the bytes decide. The cases are the model's layouts on
+# a shard of a few heads, in the dtypes vLLM loads (fp8 weights, ue8m0 scales
+# as uint8), along dim 0 and 1, plus a random permutation; each param is
+# loaded twice (load, then reload).
+
+FP8 = torch.float8_e4m3fn
+
+
+def _bytes(shape, dtype, seed):
+    """Random bytes 1..255 as a 1-byte ``dtype``: a byte left unwritten shows."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 256, shape, dtype=torch.uint8, generator=gen).view(dtype)
+
+
+def _copy_into(param, loaded_weight):
+    """The probe's weight loader: vLLM's default_weight_loader, for one shape."""
+    param.data.copy_(loaded_weight)
+
+
+def _loaded(fn, shape, dtype, perm, dim):
+    """A param wrapped by ``fn`` (a permute_on_load), then loaded twice: its bytes."""
+    param = torch.nn.Parameter(_bytes(shape, dtype, 0), requires_grad=False)
+    param.weight_loader = _copy_into
+    fn(param, perm.clone(), dim)
+    for seed in (1, 2):
+        param.weight_loader(param, _bytes(shape, dtype, seed))
+    return [param.data.view(torch.uint8)]
+
+
+def _permute_on_load_cases():
+    from .reference import o_fused_chunk_permutation, o_fused_permutation, q_fused_permutation
+
+    # A small head_dim (permute_on_load takes the permutation as given). Not
+    # as many heads as 16-row chunks (4 x 4 would be a transpose that is its
+    # own inverse, and a function applying the inverse would pass).
+    q, o, chunks = q_fused_permutation(4, 32), o_fused_permutation(8, 64), o_fused_chunk_permutation(8, 64)
+    shuffled = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    cases = [
+        ("an fp8 wq_b shard, dim 0", (4 * 32, 16), FP8, q, 0),
+        ("its uint8 scale, dim 0", (4 * 32, 1), torch.uint8, q, 0),
+        ("an fp8 wo_a shard, dim 1", (2, 8 * 64), FP8, o, 1),
+        ("its uint8 scale, dim 1", (2, 8 * 64 // 32), torch.uint8, chunks, 1),
+        ("a random permutation, dim 1", (3, 40), FP8, shuffled, 1),
+    ]
+    return [(what, lambda fn, c=c: _loaded(fn, *c)) for what, *c in cases]
+
+
+def _model_op_cases(name):
+    """permute_wq_b_(weight, weight_scale, num_local_heads) on 2 heads;
+    permute_wo_a_(weight, weight_scale, heads_per_group) on one group of 8.
+    head_dim 512: these find it from the shapes, and vLLM's may assume it."""
+    if name == "permute_wq_b_":
+        shapes, last = ((2 * 512, 32), (2 * 512, 1)), 2
+    else:
+        shapes, last = ((2, 8 * 512), (2, 8 * 512 // 32)), 8
+
+    def run(fn):
+        weight, scale = _bytes(shapes[0], FP8, 4), _bytes(shapes[1], torch.uint8, 5)
+        fn(weight, scale, last)
+        return [weight.view(torch.uint8), scale]
+
+    return [(f"an fp8 shard and its uint8 scale, {last} heads", run)]
+
+
+def _probe(name, original, ours):
+    """Why ``original`` is not shown to write the bytes ``ours`` writes, or None."""
+    # The caller's default device (vLLM builds models under one), grad and
+    # inference modes must not reach these tensors. One thread: on a busy
+    # machine each parallel region waits for a time slice (about 12 ms on
+    # 2 cores), many times the probe's whole work; put back after.
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        # (A device context only where one is set: it costs a Python call per op.)
+        on_cpu = contextlib.nullcontext() if torch.get_default_device().type == "cpu" else torch.device("cpu")
+        with on_cpu, torch.inference_mode(False), torch.no_grad():
+            cases = _permute_on_load_cases() if name == "permute_on_load" else _model_op_cases(name)
+            for what, run in cases:
+                results = []
+                for who, fn in (("it", original), ("ours", ours)):
+                    try:
+                        results.append(run(fn))
+                    except Exception as e:  # noqa: BLE001 -- not shown equal: keep vLLM's
+                        said = (str(e).splitlines() or [""])[0][:200]
+                        return f"{who} raised {type(e).__name__} on {what}: {said}"
+                if not all(torch.equal(a, b) for a, b in zip(*results)):
+                    return f"it wrote other bytes than ours on {what}"
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+    return None
+
+
 def _devices_text(info):
     if info["cuda"]:
         if info.get("cuda_compiler") == "nvrtc":
@@ -110,33 +268,40 @@ def _route(fused_layout):
     """Routes what fused_layout has; returns the log line."""
     import flashmla_perm
 
-    routed, already, left, modules = [], [], [], set()
+    namespace = _namespace(fused_layout)
+    chosen, already, left = {}, [], []
     for name in ROUTED_NAMES:
-        if name not in vars(fused_layout):
+        if name not in namespace:
             continue
-        ours, original = getattr(flashmla_perm, name), getattr(fused_layout, name)
+        ours, original = getattr(flashmla_perm, name), namespace[name]
         if original is ours:
             already.append(name)
             continue
-        why = _differs(original, ours)
+        # The signature first: a cheap filter, and what the probe's calls rely on.
+        why = _differs(original, ours) or _probe(name, original, ours)
         if why:
             left.append(f"{name} ({why})")
             continue
-        _originals[name] = original
-        modules.update(_replace_everywhere(name, original, ours))
-        routed.append(name)
+        chosen[name] = (original, ours)
     kept = f"; left vLLM's {', '.join(left)}" if left else ""
-    if not routed:
+    if not chosen:
         if already:
             return f"already routed: {', '.join(already)}{kept}"
         if left:
             return f"changed nothing{kept}"
         return f"changed nothing: {FUSED_LAYOUT} has none of {', '.join(ROUTED_NAMES)}"
-    modules.discard(FUSED_LAYOUT)
-    where = FUSED_LAYOUT + (f" and {', '.join(sorted(modules))}" if modules else "")
+    found, unreadable = _holders(fused_layout, chosen)
+    failed = _replace_all(found, chosen)
+    if failed:
+        return failed + kept
+    for name, (original, _) in chosen.items():
+        _originals[name] = original
+    modules = sorted({module_name for module_name, _, _ in found} - {FUSED_LAYOUT})
+    where = FUSED_LAYOUT + (f" and {', '.join(modules)}" if modules else "")
+    skipped = f"; could not read {', '.join(unreadable)}" if unreadable else ""
     return (
-        f"routed vLLM's {', '.join(routed)} to flashmla_perm {flashmla_perm.__version__}"
-        f" (in place, {_devices_text(flashmla_perm.build_info())}) in {where}{kept}"
+        f"routed vLLM's {', '.join(chosen)} to flashmla_perm {flashmla_perm.__version__}"
+        f" (in place, {_devices_text(flashmla_perm.build_info())}) in {where}{kept}{skipped}"
     )
 
 
@@ -169,7 +334,10 @@ class _RouteOnImport(importlib.abc.MetaPathFinder):
 
 
 def _uninstall():
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _RouteOnImport)]
+    # A new list, never an edit of the old one: an import running in another
+    # thread iterates the list it read, and an edit in place can make it skip
+    # a finder (and report an existing module missing).
+    sys.meta_path = [f for f in sys.meta_path if type(f) is not _RouteOnImport]
 
 
 def register() -> None:
@@ -183,8 +351,7 @@ def register() -> None:
         elif not _fused_layout_file_exists():
             line = f"changed nothing: this vLLM has no {FUSED_LAYOUT}"
         else:
-            _uninstall()
-            sys.meta_path.insert(0, _RouteOnImport())
+            sys.meta_path = [_RouteOnImport()] + [f for f in sys.meta_path if type(f) is not _RouteOnImport]
             line = f"will route vLLM's permute_on_load when {FUSED_LAYOUT} is imported"
     except Exception as e:  # noqa: BLE001 -- a plugin must not stop vLLM's start-up
         line = f"changed nothing: {type(e).__name__}: {e}"

@@ -6,6 +6,7 @@ import torch
 
 import flashmla_perm
 from flashmla_perm import _ops
+from flashmla_perm._switches import switch
 
 INFO = flashmla_perm.build_info()
 NATIVE = INFO["native"]
@@ -29,14 +30,18 @@ def pytest_report_header(config):
 
 def pytest_sessionstart(session):
     # CI sets these so that a build that silently fell back fails loudly.
-    if os.environ.get("FLASHMLA_PERM_EXPECT_NATIVE") == "1" and not NATIVE:
+    try:
+        expect = {k: switch(f"FLASHMLA_PERM_EXPECT_{k}", False) for k in ("NATIVE", "CUDA", "VLLM")}
+    except ValueError as e:  # a typo must not read as "expect nothing"
+        pytest.exit(str(e), 4)
+    if expect["NATIVE"] and not NATIVE:
         pytest.exit(f"native module expected but not loaded: {INFO['native_error']}", 3)
-    if os.environ.get("FLASHMLA_PERM_EXPECT_CUDA") == "1" and not INFO["cuda"]:
+    if expect["CUDA"] and not INFO["cuda"]:
         pytest.exit(f"CUDA kernels expected but not compiled in: {INFO}", 3)
     compiler = os.environ.get("FLASHMLA_PERM_EXPECT_COMPILER")  # nvcc or nvrtc
     if compiler and INFO["cuda_compiler"] != compiler:
         pytest.exit(f"CUDA kernels by {compiler} expected: {INFO}", 3)
-    if os.environ.get("FLASHMLA_PERM_EXPECT_VLLM") == "1" and vllm_version() != "0.33.0":
+    if expect["VLLM"] and vllm_version() != "0.33.0":
         pytest.exit(f"vLLM 0.33.0 expected (tests/test_vllm.py must not skip), found {vllm_version()}", 3)
 
 

@@ -448,9 +448,7 @@ def test_a_relative_cache_folder_is_refused_at_import(tmp_path):
 @pytest.mark.parametrize("value", ["garbage", "2", "nvrtc"])
 def test_a_wrong_jit_switch_is_refused_at_import(value):
     out = run_python("import flashmla_perm", dict(FLASHMLA_PERM_JIT=value))
-    assert out.returncode != 0 and f"FLASHMLA_PERM_JIT must be one of" in out.stderr and repr(value) in out.stderr.replace(
-        f"'{value}'", repr(value)
-    ), out.stderr
+    assert out.returncode != 0 and f"FLASHMLA_PERM_JIT={value!r} is not a switch value" in out.stderr, out.stderr
 
 
 # --------------------------------------------------------------------------- where NVRTC is looked for

@@ -13,12 +13,14 @@ VLLM_TARGET_DEVICE=cpu is set here when no GPU is visible; everything is skipped
 DeepSeek-V4.1 model code) is not importable.
 """
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
 import logging
 import os
 import sys
+import types
 
 import pytest
 import torch
@@ -40,6 +42,7 @@ from vllm.model_executor.model_loader.reload import layerwise  # noqa: E402
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # noqa: E402
 
 import flashmla_perm  # noqa: E402
+from flashmla_perm import reference  # noqa: E402
 from conftest import expect_path  # noqa: E402
 from vllm_harness import (  # noqa: E402
     FUSED_LAYOUT,
@@ -387,6 +390,272 @@ def test_register_leaves_a_function_that_takes_other_arguments(vllm_names, plugi
         assert "left vLLM's permute_on_load (it" in message, message
 
 
+# A later vLLM (or a decorator around its function) can keep 0.33.0's
+# signature and still write other bytes: the plugin must see it by running it.
+
+
+def inverse_everywhere(param, perm, dim):
+    return VLLM_PERMUTE_ON_LOAD(param, flashmla_perm.inverse_permutation(perm), dim)
+
+
+def inverse_on_dim_1(param, perm, dim):
+    return VLLM_PERMUTE_ON_LOAD(param, flashmla_perm.inverse_permutation(perm) if dim == 1 else perm, dim)
+
+
+def only_raises(param, perm, dim):
+    raise NotImplementedError("a stub")
+
+
+@functools.wraps(VLLM_PERMUTE_ON_LOAD)  # inspect.signature follows __wrapped__: 0.33.0's
+def wraps_nothing(*args, **kwargs):
+    return None  # the loader is left as it was: nothing permuted
+
+
+def delegates(param, perm, dim):
+    return VLLM_PERMUTE_ON_LOAD(param, perm, dim)
+
+
+@pytest.mark.parametrize(
+    "stub,routes,why",
+    [
+        (inverse_everywhere, False, "it wrote other bytes than ours on an fp8 wq_b shard, dim 0"),
+        (inverse_on_dim_1, False, "it wrote other bytes than ours on an fp8 wo_a shard, dim 1"),
+        (only_raises, False, "it raised NotImplementedError on an fp8 wq_b shard, dim 0: a stub"),
+        (wraps_nothing, False, "it wrote other bytes than ours"),
+        (delegates, True, None),  # another object, the same bytes: routed
+    ],
+    ids=["inverse", "inverse_on_dim_1", "only_raises", "decorated_no_op", "delegates"],
+)
+def test_register_routes_only_a_function_shown_to_write_our_bytes(
+    vllm_names, plugin_log, monkeypatch, stub, routes, why
+):
+    """Each stub takes 0.33.0's arguments; register() runs it beside ours on
+    small CPU tensors and routes it only if the bytes are the same."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    assert vllm_plugin._parameters(stub) == vllm_plugin._parameters(VLLM_PERMUTE_ON_LOAD)
+    monkeypatch.setattr(fused_layout, "permute_on_load", stub)
+    monkeypatch.setattr(vllm_names, "permute_on_load", stub)
+    vllm_plugin.register()
+    message = plugin_log[0].getMessage()
+    assert len(plugin_log) == 1, message
+    if routes:
+        assert routed(vllm_names) and message.startswith("flashmla_perm: routed"), message
+        return
+    assert fused_layout.permute_on_load is stub and vllm_names.permute_on_load is stub, message
+    assert holders_of_ours() == set(), message
+    assert message.startswith(f"flashmla_perm: changed nothing; left vLLM's permute_on_load ({why}"), message
+
+
+def theirs_wq_b(weight, weight_scale, num_local_heads):
+    reference.permute_wq_b_(weight, weight_scale, num_local_heads)
+
+
+def inverse_wq_b(weight, weight_scale, num_local_heads):
+    reference.unpermute_wq_b_(weight, weight_scale, num_local_heads)
+
+
+def wq_b_weight_only(weight, weight_scale, num_local_heads):
+    reference.permute_wq_b_(weight, weight_scale.clone(), num_local_heads)
+
+
+def theirs_wo_a(weight, weight_scale, heads_per_group=GROUP):
+    reference.permute_wo_a_(weight, weight_scale, heads_per_group)
+
+
+def inverse_wo_a(weight, weight_scale, heads_per_group=GROUP):
+    reference.unpermute_wo_a_(weight, weight_scale, heads_per_group)
+
+
+def wo_a_weight_only(weight, weight_scale, heads_per_group=GROUP):
+    reference.permute_wo_a_(weight, weight_scale.clone(), heads_per_group)
+
+
+@pytest.mark.parametrize(
+    "name,right,wrong",
+    [
+        ("permute_wq_b_", theirs_wq_b, [inverse_wq_b, wq_b_weight_only]),
+        ("permute_wo_a_", theirs_wo_a, [inverse_wo_a, wo_a_weight_only]),
+    ],
+)
+def test_register_runs_the_model_ops_before_routing_them(vllm_names, plugin_log, monkeypatch, name, right, wrong):
+    """A vLLM with permute_wq_b_ / permute_wo_a_ (vLLM 0.33.0 has neither):
+    each is run beside ours on a small shard first; one that writes the
+    inverse, or leaves the scale as it was, keeps its own."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    for fn in wrong:
+        monkeypatch.setattr(fused_layout, name, fn, raising=False)
+        plugin_log.clear()
+        vllm_plugin.register()
+        message = plugin_log[0].getMessage()
+        assert getattr(fused_layout, name) is fn, message
+        assert f"left vLLM's {name} (it wrote other bytes than ours on an fp8 shard" in message, message
+    monkeypatch.setattr(fused_layout, name, right)
+    plugin_log.clear()
+    vllm_plugin.register()
+    message = plugin_log[0].getMessage()
+    assert getattr(fused_layout, name) is getattr(flashmla_perm, name), message
+    assert f"routed vLLM's {name} to flashmla_perm" in message or f"routed vLLM's permute_on_load, {name}" in message
+
+
+MODULE_DICT = types.ModuleType.__dict__["__dict__"]  # a module's namespace, past its hooks
+
+
+def holders_of_ours():
+    """The modules (other than this package's) whose namespace holds our
+    permute_on_load under that name."""
+    held = set()
+    for module_name, module in list(sys.modules.items()):
+        ours = module_name == "flashmla_perm" or module_name.startswith("flashmla_perm.")
+        if issubclass(type(module), types.ModuleType) and not ours:
+            if MODULE_DICT.__get__(module).get("permute_on_load") is flashmla_perm.permute_on_load:
+                held.add(module_name)
+    return held
+
+
+class Guarded(types.ModuleType):
+    """A module that refuses every attribute read and write (a read-only
+    wrapper): it holds vLLM's function, and ours cannot be put in."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"no reading {name}")
+
+    def __setattr__(self, name, value):
+        raise RuntimeError(f"no writing {name}")
+
+
+class Ignoring(types.ModuleType):
+    """A module whose attribute writes do nothing, and say nothing."""
+
+    def __setattr__(self, name, value):
+        pass
+
+
+class WritesOnce(types.ModuleType):
+    """A module that takes one attribute write, then refuses."""
+
+    def __setattr__(self, name, value):
+        if "written" in MODULE_DICT.__get__(self):
+            raise RuntimeError(f"no writing {name} again")
+        MODULE_DICT.__get__(self).update({name: value, "written": True})
+
+
+class ReadGuarded(types.ModuleType):
+    """A module whose attribute reads raise (its class's hook), writes work."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"no reading {name}")
+
+
+class Unreadable:
+    """Not a module, in sys.modules, and every attribute read raises."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError(f"no reading {name}")
+
+
+def fake_caller(cls, name, monkeypatch):
+    """A ``cls`` module in sys.modules (after vLLM's) that imported vLLM's
+    permute_on_load by name."""
+    module = cls(name)
+    MODULE_DICT.__get__(module)["permute_on_load"] = VLLM_PERMUTE_ON_LOAD
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "cls,why",
+    [(Guarded, "RuntimeError: no writing permute_on_load"), (Ignoring, "RuntimeError: the name did not change")],
+)
+def test_register_routes_nothing_where_one_caller_refuses_ours(vllm_names, plugin_log, monkeypatch, cls, why):
+    """All or nothing: fused_layout and flash_mla_mega_attn come first and
+    take ours; then a caller refuses it (or drops it without a word), so both
+    get vLLM's back, and the line says nothing changed, and why."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    caller = fake_caller(cls, "fake_caller", monkeypatch)
+    vllm_plugin.register()
+    message = plugin_log[0].getMessage()
+    assert len(plugin_log) == 1, message
+    assert untouched(vllm_names), message
+    assert MODULE_DICT.__get__(caller)["permute_on_load"] is VLLM_PERMUTE_ON_LOAD
+    assert holders_of_ours() == set(), message
+    assert message == f"flashmla_perm: changed nothing: permute_on_load could not be replaced in fake_caller ({why})"
+
+
+def test_register_says_where_ours_could_not_be_taken_back(vllm_names, plugin_log, monkeypatch):
+    """A caller takes ours, a later one refuses it, and the first will not
+    give ours back: the line says where ours runs, not "changed nothing"."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    fake_caller(WritesOnce, "fake_writes_once", monkeypatch)
+    fake_caller(Guarded, "fake_guarded", monkeypatch)
+    vllm_plugin.register()
+    message = plugin_log[0].getMessage()
+    assert untouched(vllm_names), message
+    assert holders_of_ours() == {"fake_writes_once"}, message
+    assert message == (
+        "flashmla_perm: routed only permute_on_load in fake_writes_once, where vLLM's could not be put back:"
+        " permute_on_load could not be replaced in fake_guarded (RuntimeError: no writing permute_on_load)"
+    )
+
+
+def test_register_reads_past_attribute_hooks_and_skips_what_it_cannot_read(vllm_names, plugin_log, monkeypatch):
+    """A module whose attribute reads raise is read through its namespace
+    (and routed); an entry of sys.modules that is no module and cannot be
+    read is skipped. The line names every module that now runs ours, and
+    the entry it skipped."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    caller = fake_caller(ReadGuarded, "fake_read_guarded_caller", monkeypatch)
+    monkeypatch.setitem(sys.modules, "fake_unreadable", Unreadable())
+    vllm_plugin.register()
+    message = plugin_log[0].getMessage()
+    assert len(plugin_log) == 1, message
+    assert routed(vllm_names), message
+    assert MODULE_DICT.__get__(caller)["permute_on_load"] is flashmla_perm.permute_on_load
+    held = holders_of_ours()
+    assert held >= {FUSED_LAYOUT, MEGA_ATTN, "fake_read_guarded_caller"}, held
+    where = message.split(") in ", 1)[1].split(";", 1)[0]
+    assert set(where.replace(" and ", ", ").split(", ")) == held, message
+    assert message.endswith("; could not read fake_unreadable (RuntimeError: no reading __dict__)"), message
+
+
+def test_the_import_hook_never_edits_the_finder_list_an_import_walks(vllm_names, plugin_log, monkeypatch):
+    """An import in another thread walks the sys.meta_path list it read.
+    register() puts the hook in, and the hook takes itself out, by replacing
+    the list: such a walk sees every finder once (an edit in place made it
+    skip the finder after the hook, and report an existing module missing)."""
+    needs_native()
+    from flashmla_perm import vllm_plugin
+
+    finders = [f for f in sys.meta_path if type(f) is not vllm_plugin._RouteOnImport]
+    monkeypatch.setattr(sys, "meta_path", list(finders))
+    monkeypatch.delitem(sys.modules, FUSED_LAYOUT)  # as before vLLM imports it
+    seen = []
+    for finder in sys.meta_path:
+        seen.append(finder)
+        if len(seen) == 1:
+            vllm_plugin.register()
+    assert seen == finders
+    assert "will route vLLM's permute_on_load" in plugin_log[0].getMessage()
+    hooked = sys.meta_path
+    assert type(hooked[0]) is vllm_plugin._RouteOnImport and hooked[1:] == finders
+    seen = []
+    for finder in hooked:
+        seen.append(finder)
+        if type(finder) is vllm_plugin._RouteOnImport:
+            vllm_plugin._uninstall()
+    assert seen == hooked
+    assert sys.meta_path == finders
+
+
 @pytest.mark.parametrize(
     "torch_cuda,expected",
     [
@@ -428,13 +697,38 @@ def test_register_says_which_compiler_built_the_kernels(vllm_names, plugin_log, 
     assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
 
 
-def test_register_off_switch(vllm_names, plugin_log, monkeypatch):
-    monkeypatch.setenv("FLASHMLA_PERM_VLLM", "0")
+@pytest.mark.parametrize("value", ["0", "false", " OFF ", "No"])
+def test_register_off_switch(vllm_names, plugin_log, monkeypatch, value):
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
     from flashmla_perm import vllm_plugin
 
     vllm_plugin.register()
     assert untouched(vllm_names)
-    assert len(plugin_log) == 1 and "FLASHMLA_PERM_VLLM=0" in plugin_log[0].getMessage()
+    assert len(plugin_log) == 1 and f"FLASHMLA_PERM_VLLM={value.strip()}" in plugin_log[0].getMessage()
+
+
+@pytest.mark.parametrize("value", ["1", " TRUE", "on", "Yes ", "", "  "])
+def test_register_on_switch(vllm_names, plugin_log, monkeypatch, value):
+    needs_native()
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
+    from flashmla_perm import vllm_plugin
+
+    vllm_plugin.register()
+    assert routed(vllm_names), plugin_log[0].getMessage()
+
+
+@pytest.mark.parametrize("value", ["garbage", "2", "of", "y"])
+def test_register_refuses_a_switch_it_cannot_read(vllm_names, plugin_log, monkeypatch, value):
+    """Neither on nor off: nothing routed, and the line names the variable
+    and the value."""
+    monkeypatch.setenv("FLASHMLA_PERM_VLLM", value)
+    from flashmla_perm import vllm_plugin
+
+    vllm_plugin.register()
+    assert untouched(vllm_names)
+    message = plugin_log[0].getMessage()
+    assert len(plugin_log) == 1 and message.startswith("flashmla_perm: changed nothing: "), message
+    assert f"FLASHMLA_PERM_VLLM={value!r} is not a switch value" in message, message
 
 
 def test_register_without_native_module(vllm_names, plugin_log, monkeypatch):
