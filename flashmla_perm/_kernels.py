@@ -12,6 +12,7 @@ import threading
 from . import _ops
 
 _warming = {}  # arch -> the thread compiling its kernels
+_fork_hook = []  # registered once a process
 
 
 def gpu_archs():
@@ -55,13 +56,19 @@ def warm_in_background(archs):
     for arch in archs:
         if arch in _warming or _ops._C.kernel_origin(arch)["kind"] != "compiled":
             continue
-        if not _warming:
+        if not _fork_hook:
             os.register_at_fork(before=_join_before_fork)
+            _fork_hook.append(True)
         thread = threading.Thread(target=_prepare, args=(arch,), name=f"flashmla_perm warm {arch}", daemon=True)
         _warming[arch] = thread
         thread.start()
         started.append(arch)
     return started
+
+
+def warming():
+    """The architectures whose kernels a background compile is making."""
+    return [arch for arch, thread in _warming.items() if thread.is_alive()]
 
 
 def _prepare(arch):
@@ -72,16 +79,17 @@ def _prepare(arch):
 
 
 def describe(archs, compiling=()):
-    """Where the kernels of `archs` come from, in a few words each."""
+    """Where the kernels of `archs` come from, a few words each:
+    "sm_100 built at install by nvcc 13.0.88"."""
     words = []
     for arch in archs:
         origin = _ops._C.kernel_origin(arch)
         if arch in compiling:
-            words.append(f"{arch}: compiling in the background by NVRTC")
+            words.append(f"{arch} compiling in the background by NVRTC")
         elif origin["kind"] == "install":
-            words.append(f"{arch}: {origin['text']}")
+            words.append(f"{arch} {origin['text']}")
         elif origin["kind"] == "cache":
-            words.append(f"{arch}: compiled by NVRTC, in the cache")
+            words.append(f"{arch} compiled by NVRTC, in the cache")
         else:
-            words.append(f"{arch}: compiled at first use by NVRTC")
-    return "; ".join(words)
+            words.append(f"{arch} compiled at first use by NVRTC")
+    return ", ".join(words)

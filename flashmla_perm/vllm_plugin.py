@@ -252,9 +252,7 @@ def _probe(name, original, ours):
 
 def _devices_text(info):
     if info["cuda"]:
-        if info.get("cuda_compiler") == "nvrtc":
-            return "native on cpu and cuda (kernels compiled at first use by NVRTC)"
-        return "native on cpu and cuda (kernels built by nvcc)"
+        return f"native on cpu and cuda ({_kernels_text(info)})"
     import torch
 
     if torch.version.cuda is None:
@@ -262,6 +260,43 @@ def _devices_text(info):
     # A CUDA torch with the CPU-only module: GPU tensors take the same
     # gather vLLM does (right bytes, no gain).
     return f"native on cpu; on cuda torch's gather, as vLLM's: {info['cuda_off_reason']}"
+
+
+def _kernels_text(info):
+    """Where this machine's GPUs get their kernels; without a GPU seen, what
+    the install built."""
+    from . import _kernels
+
+    archs = _kernels.gpu_archs()
+    if archs:
+        return "kernels for " + _kernels.describe(archs, _kernels.warming())
+    built = ", ".join(info["cuda_archs"]) or "none"
+    return f"kernels built at install for {built}; others compiled at first use by NVRTC"
+
+
+def _prepare_kernels():
+    """Our kernel cache inside vLLM's ($VLLM_CACHE_ROOT/flashmla_perm, unless
+    FLASHMLA_PERM_CACHE_DIR is set: a deployment that keeps vLLM's cache
+    keeps ours), and the kernels of a GPU the install did not build compiled
+    in the background from now on, off the load's critical path. What it
+    could not do, in words for the log line, or ""."""
+    import flashmla_perm
+
+    from . import _kernels, _ops
+
+    if not flashmla_perm.build_info()["cuda"]:
+        return ""
+    said = ""
+    if not os.environ.get("FLASHMLA_PERM_CACHE_DIR"):
+        import vllm.envs
+
+        root = vllm.envs.VLLM_CACHE_ROOT
+        if os.path.isabs(root):
+            _ops._C.set_kernel_cache_root(os.path.join(root, "flashmla_perm"))
+        else:
+            said = f"; VLLM_CACHE_ROOT={root} is not an absolute path: kernel cache in {_ops._C.kernel_cache_dir()}"
+    _kernels.warm_in_background(_kernels.gpu_archs())
+    return said
 
 
 def _route(fused_layout):
@@ -344,6 +379,7 @@ def register() -> None:
     """vLLM's general-plugin hook: idempotent, never raises."""
     try:
         why = _why_not()
+        said = "" if why else _prepare_kernels()
         if why:
             line = f"changed nothing: {why}"
         elif FUSED_LAYOUT in sys.modules:
@@ -353,6 +389,7 @@ def register() -> None:
         else:
             sys.meta_path = [_RouteOnImport()] + [f for f in sys.meta_path if type(f) is not _RouteOnImport]
             line = f"will route vLLM's permute_on_load when {FUSED_LAYOUT} is imported"
+        line += said
     except Exception as e:  # noqa: BLE001 -- a plugin must not stop vLLM's start-up
         line = f"changed nothing: {type(e).__name__}: {e}"
     logger.info("flashmla_perm: %s", line)
