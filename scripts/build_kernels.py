@@ -23,6 +23,7 @@ Prints one line starting "flashmla_perm: kernels" that says what it built.
 """
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -132,13 +133,40 @@ def nvcc_archs(nvcc):
     return {int(n) for n in re.findall(r"compute_(\d+)\b", out)}
 
 
+def unchanged(path, key):
+    """Whether `path` was made from `key` (its .key file beside it says so);
+    a rebuild of an unchanged source then compiles nothing."""
+    stamp = path.with_name(path.name + ".key")
+    return path.exists() and stamp.exists() and stamp.read_text() == key
+
+
+def stamp(path, key):
+    path.with_name(path.name + ".key").write_text(key)
+
+
+def digest(*parts):
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else str(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def kernel_source_key():
+    """The kernels' source as every compiler sees it."""
+    return digest(*((CSRC / n).read_bytes() for n in config()["nvrtc_sources"].split()))
+
+
 def build_tool(out, torch_major):
     """The NVRTC compile tool (csrc/cuda/compile_tool.cpp), host compiler only."""
     tool = out / "flashmla_perm_compile"
     sources = [CSRC / "cuda" / "compile_tool.cpp", CSRC / "cuda" / "nvrtc.cpp"]
     cxx = os.environ.get("CXX") or "c++"
     cmd = [cxx, "-std=c++17", "-O1", f"-I{CSRC}", f"-I{out}", f"-DFLASHMLA_PERM_CUDA_MAJOR={torch_major}"]
-    subprocess.run([*cmd, *map(str, sources), "-ldl", "-o", str(tool)], check=True)
+    key = digest(*cmd, *(p.read_bytes() for p in sources), (out / "nvrtc_sources.h").read_bytes())
+    if not unchanged(tool, key):
+        subprocess.run([*cmd, *map(str, sources), "-ldl", "-o", str(tool)], check=True)
+        stamp(tool, key)
     return tool
 
 
@@ -212,8 +240,6 @@ def write_images(out, images):
 
 
 def hash_bytes(data):
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()[:16]
 
 
@@ -249,12 +275,22 @@ def build(out, compiler="auto", torch=None):
         raise SystemExit(f"flashmla_perm: {name} cannot build sm_{', sm_'.join(map(str, missing))} (TORCH_CUDA_ARCH_LIST)")
     archs = [a for a in archs if a in supported]
     paths = {a: out / "kernels" / f"sm_{a}.cubin" for a in archs}
-    with ThreadPoolExecutor(max_workers=max(1, min(len(archs), os.cpu_count() or 1))) as pool:
-        done = list(pool.map(lambda a: run(a, paths[a]), archs))
-    for a, r in zip(archs, done):
-        print(r.stdout + r.stderr, end="" if (r.stdout + r.stderr).endswith("\n") else "\n")
-        if r.returncode != 0:
-            raise SystemExit(f"flashmla_perm: {name} failed to build the kernels for sm_{a} (its output above)")
+    # A cubin is kept where nothing it is made from changed (its log too:
+    # the build log's gates read every architecture's report).
+    keys = {a: digest(kernel_source_key(), name, nvcc or tool, config()["nvcc_flags"], torch.__version__, a) for a in archs}
+    todo = [a for a in archs if not unchanged(paths[a], keys[a])]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        done = dict(zip(todo, pool.map(lambda a: run(a, paths[a]), todo)))
+    for a in archs:
+        log = paths[a].with_suffix(".log")
+        if a in done:
+            r = done[a]
+            if r.returncode != 0:
+                print(r.stdout + r.stderr)
+                raise SystemExit(f"flashmla_perm: {name} failed to build the kernels for sm_{a} (its output above)")
+            log.write_text(r.stdout + r.stderr)
+            stamp(paths[a], keys[a])
+        print(log.read_text(), end="")
     write_images(out, [(a, name, paths[a]) for a in archs])
     skipped = f"; {name} cannot build sm_{', sm_'.join(map(str, missing))}" if missing else ""
     why = "" if nvcc else f" ({release})" if compiler != "nvrtc" else " (FLASHMLA_PERM_CUDA=nvrtc)"

@@ -48,6 +48,7 @@ class Mutant:
     tests: list  # pytest selections ("tests/x.py::y") or "harness ..." runs
     why: str = ""
     needs_cuda: bool = False  # only CUDA tests can catch it: "needs a GPU" elsewhere
+    needs_cuda_build: bool = False  # only a CUDA build's tests (no GPU) can: run in a CUDA torch's venv
 
 
 M = Mutant
@@ -190,24 +191,101 @@ MUTANTS = [
       ["tests/test_prepared.py::test_a_device_perm_is_found_by_the_tensor_and_its_version"],
       "a device perm written in place is found by its address and reused with the old values",
       needs_cuda=True),
-    # ---- NVRTC's disk cache (csrc/nvrtc_kernels.cpp); its tests need a CUDA build
     M("gather-ignores-shared-perm", "csrc/apply.cpp",
       "overlap(byte_layout(perm), byte_layout(self)) != Overlap::kNo)",
       "false)",
       ["tests/test_generic.py::test_a_perm_sharing_memory_with_the_tensor_through_another_storage"],
       "the gather path takes a perm that shares self's memory through another storage (read after written)"),
-    M("nvrtc-cache-checksum-ignored", "csrc/nvrtc_kernels.cpp",
-      "return hex(checksum(c)) == sum;",
+    # ---- the kernels built at install, and NVRTC's disk cache (csrc/cuda/); a CUDA build's tests
+    M("install-images-ignored", "csrc/cuda/kernels.cpp",
+      "for (int i = 0; i < kNumKernelImages; ++i) {\n    const std::string a = kKernelImages[i].arch;",
+      "for (int i = 0; i < 0; ++i) {\n    const std::string a = kKernelImages[i].arch;",
+      ["tests/test_kernels.py::test_each_architecture_takes_its_familys_kernels_built_at_install",
+       "tests/test_kernels.py::test_warm_says_what_the_install_built_and_compiles_nothing"],
+      "the kernels built at install never used: every GPU compiles at first use",
+      needs_cuda_build=True),
+    M("install-image-of-another-major", "csrc/cuda/kernels.cpp",
+      "if (m == major && n <= minor && n > best_minor) {",
+      "if (n <= minor && n > best_minor) {",
+      ["tests/test_kernels.py::test_each_architecture_takes_its_familys_kernels_built_at_install"],
+      "a GPU of another major (sm_110) given sm_100's cubin, which cannot run there",
+      needs_cuda_build=True),
+    M("cache-lock-skipped", "csrc/cuda/kernel_cache.cpp",
+      "Fd lock(take_lock(dir.fd, name, why));",
+      "Fd lock(-1);",
+      ["tests/test_kernels.py::test_eight_processes_asking_at_once_compile_once"],
+      "no lock beside the entry: workers starting at once each compile",
+      needs_cuda_build=True),
+    M("cache-checksum-ignored", "csrc/cuda/kernel_cache.cpp",
+      "return checksum(key, cubin) == sum;",
       "return true;",
-      ["tests/test_nvrtc.py::test_a_damaged_entry_is_compiled_again"],
+      ["tests/test_kernels.py::test_a_damaged_entry_is_compiled_again"],
       "a cache entry of the right size with a damaged byte is loaded as it is",
-      needs_cuda=True),
-    M("nvrtc-key-ignores-source", "csrc/nvrtc_kernels.cpp",
-      'source_hash(extra, main) + "-" + arch',
-      'source_hash("", main) + "-" + arch',
-      ["tests/test_nvrtc.py::test_a_changed_source_has_a_new_key"],
+      needs_cuda_build=True),
+    M("cache-key-ignores-source", "csrc/cuda/kernels.cpp",
+      "return \"kernels \" + nvrtc::source_hash(extra, main)",
+      "return \"kernels \" + nvrtc::source_hash(\"\", main)",
+      ["tests/test_kernels.py::test_a_changed_source_has_a_new_key"],
       "a changed kernel source finds the old source's cubin in the cache",
-      needs_cuda=True),
+      needs_cuda_build=True),
+    M("cache-entry-key-unchecked", "csrc/cuda/kernel_cache.cpp",
+      "!line(entry_key) || entry_key != key ||",
+      "!line(entry_key) ||",
+      ["tests/test_kernels.py::test_an_entry_moved_under_another_key_is_compiled_again"],
+      "an entry renamed over another key's name is read for that key",
+      needs_cuda_build=True),
+    M("cache-folder-untrusted", "csrc/cuda/kernel_cache.cpp",
+      "  if (!trusted(dir.fd, true, why, top)) return -1;\n",
+      "",
+      ["tests/test_kernels.py::test_a_folder_others_may_write_is_refused_and_said_once"],
+      "a cache folder others may write to is used",
+      needs_cuda_build=True),
+    M("cache-owner-unchecked", "csrc/cuda/kernel_cache.cpp",
+      "if (st.st_uid != ::geteuid()) {",
+      "if (false) {",
+      ["tests/test_kernels.py::test_another_users_folder_and_entries_are_refused"],
+      "another user's folder, entries and lock taken as this user's (the test runs as root)",
+      needs_cuda_build=True),
+    M("cache-entry-mode-unchecked", "csrc/cuda/kernel_cache.cpp",
+      "if (st.st_mode & (S_IWGRP | S_IWOTH)) {",
+      "if (false) {",
+      ["tests/test_kernels.py::test_an_entry_others_may_write_is_compiled_again"],
+      "an entry others may write is read",
+      needs_cuda_build=True),
+    M("cache-entry-link-followed", "csrc/cuda/kernel_cache.cpp",
+      "Fd f(::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));",
+      "Fd f(::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC));",
+      ["tests/test_kernels.py::test_a_link_at_an_entry_is_not_followed"],
+      "a link at an entry's name followed to a file elsewhere",
+      needs_cuda_build=True),
+    M("cache-temporary-by-pid", "csrc/cuda/kernel_cache.cpp",
+      "name + \".tmp.\" + hex((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(::getpid()));",
+      "name + \".tmp.\" + std::to_string(::getpid()) + \".0\";",
+      ["tests/test_kernels.py::test_a_stale_temporary_file_blocks_nothing"],
+      "temporary files named by pid: one left by an earlier process of that pid blocks the entry for good",
+      needs_cuda_build=True),
+    M("cache-relative-xdg", "csrc/cuda/kernel_cache.cpp",
+      "return path && path[0] == '/' ? std::string(path) : std::string();",
+      "return path && path[0] ? std::string(path) : std::string();",
+      ["tests/test_kernels.py::test_the_cache_folder_follows_the_environment"],
+      "a relative XDG_CACHE_HOME (or HOME) taken, against the working folder",
+      needs_cuda_build=True),
+    M("nvrtc-relative-candidate", "csrc/cuda/nvrtc.cpp",
+      "if (home[0] != '/') {",
+      "if (false) {",
+      ["tests/test_kernels.py::test_nvrtc_is_looked_for_at_absolute_paths_only"],
+      "a relative CUDA_HOME's libnvrtc among the places NVRTC is loaded from",
+      needs_cuda_build=True),
+    M("plugin-cache-outside-vllms", "flashmla_perm/vllm_plugin.py",
+      "_ops._C.set_kernel_cache_root(os.path.join(root, \"flashmla_perm\"))",
+      "pass",
+      ["tests/test_vllm.py::test_register_puts_the_kernel_cache_inside_vllms"],
+      "under vLLM the kernel cache stays outside vLLM's, which deployments keep"),
+    M("plugin-fork-mid-compile", "flashmla_perm/_kernels.py",
+      "os.register_at_fork(before=_join_before_fork)",
+      "pass",
+      ["tests/test_vllm.py::test_register_compiles_a_gpu_the_install_did_not_build_in_the_background"],
+      "a fork during the background compile: the child inherits its locks held"),
     # ---- extra memory (csrc/launch.cpp): the bound in docs/api.md
     M("cpu-staging-unbounded", "csrc/launch.cpp",
       "return (v.run < v.row_bytes ? 2 : 1) * v.row_bytes <= kCpuStagingBudget;",
@@ -728,13 +806,10 @@ def main():
         stale = [m.name for m in chosen if not (src / m.file).exists() or (src / m.file).read_text().count(m.old) != 1]
         print(f"mutants: {len(chosen) - len(stale)} of {len(chosen)} apply" + (f"; stale: {stale}" if stale else ""))
         return 1 if stale else 0
-    cuda = (
-        subprocess.run(
-            [args.python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-            capture_output=True,
-        ).returncode
-        == 0
-    )
+    def torch_says(condition):
+        return subprocess.run([args.python, "-c", f"import torch, sys; sys.exit(0 if {condition} else 1)"]).returncode == 0
+
+    cuda, cuda_build = torch_says("torch.cuda.is_available()"), torch_says("torch.version.cuda")
     t0 = time.time()
     log(f"== copying {src} to {tree} ({sync_tree(src, tree)} files changed)")
     builds = Builds(tree, args.python)
@@ -771,6 +846,9 @@ def main():
             sys.exit(f"== mutant {m.name}: its text occurs {count} times in {m.file} (must be once)")
         if m.needs_cuda and not cuda:
             plans.append((m, "needs a GPU (not run)"))
+            continue
+        if m.needs_cuda_build and not cuda_build:
+            plans.append((m, "needs a CUDA torch's build (not run)"))
             continue
         plans.append((m, None))
 
