@@ -258,6 +258,8 @@ PYBIND11_MODULE(_C, m) {
         "nothing serves them): kind, text, seconds. No GPU needed.");
   m.def("device_kernels", &fp::cuda::device_origin, py::arg("device"),
         "device_kernels(device): where the kernels loaded on that CUDA device came from ('' before its first use).");
+  m.def("compiled_kernels", &fp::cuda::compiled_here,
+        "compiled_kernels(): [(arch, where from)] of the kernels this process compiled or read from the cache.");
   m.def("kernel_cache_dir", &fp::cuda::kernel_cache::root, "The kernel cache's folder (its entries: nvrtc/).");
   m.def("set_kernel_cache_root", &fp::cuda::kernel_cache::set_host_root, py::arg("root"),
         "set_kernel_cache_root(root): the cache's folder unless FLASHMLA_PERM_CACHE_DIR is set ('' unsets).");

@@ -6,6 +6,7 @@ when every step passed.
 """
 
 import csv
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,12 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "device"))
 import crash_probe  # noqa: E402  (no torch at import)
+
+# The package's one reader of on/off switches, loaded on its own (no torch).
+_spec = importlib.util.spec_from_file_location("_switches", os.path.join(ROOT, "flashmla_perm", "_switches.py"))
+_switches = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_switches)
+switch = _switches.switch
 
 BUDGET_S = 480
 # Step timeouts (s) on a GPU machine, in run order; dry mode: 3x.
@@ -73,7 +80,7 @@ def find_tool(name):
 
 class Check:
     def __init__(self, env):
-        self.dry = env.get("FLASHMLA_PERM_GPU_CHECK_DRY") == "1"
+        self.dry = switch("FLASHMLA_PERM_GPU_CHECK_DRY", False, env)
         venv = os.path.join(ROOT, ".venv", "bin", "python")
         py = env.get("PYTHON") or (venv if self.dry and os.access(venv, os.X_OK) else "python3")
         self.py = os.path.abspath(py) if "/" in py else py

@@ -107,8 +107,9 @@ def build_info() -> dict:
     """What runs here: ``native`` (the native module loaded), ``cuda`` (its
     CUDA side), ``kernels`` (per architecture, where its kernels come from:
     ``"built at install by nvcc 13.0.88"`` or ``"... by NVRTC 13.0"``; each
-    also runs on the later minors of its family, and any other architecture's
-    are compiled at first use by NVRTC and cached in ``kernel_cache``),
+    also runs on the later minors of its family; any other architecture's
+    are compiled at first use by NVRTC and cached in ``kernel_cache``, and
+    listed here once this process has them),
     ``cuda_archs`` (those built at install), ``cuda_compiler`` (``"nvcc"``
     where nvcc built them, else ``"nvrtc"``; None without CUDA), ``torch``
     (the version built against), ``version``; ``native_error`` says why the
@@ -139,5 +140,6 @@ def build_info() -> dict:
             else (built.get("cuda_off_reason") or "unknown (a module built before it recorded why)")
         )
         if info["cuda"]:
+            info["kernels"].update(_ops._C.compiled_kernels())  # this process's first uses
             info["kernel_cache"] = _ops._C.kernel_cache_dir()
     return info

@@ -6,6 +6,7 @@ architecture the install did not build, so that the first call finds it done
 (docs/design.md, "What a first load sees")."""
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -15,19 +16,20 @@ _warming = {}  # arch -> the thread compiling its kernels
 _fork_hook = []  # registered once a process
 
 
+@functools.lru_cache(maxsize=1)
 def gpu_archs():
-    """The GPUs' architectures ("sm_90"), by NVML; [] where there is none.
-    Every GPU of the machine, CUDA_VISIBLE_DEVICES aside."""
+    """The GPUs' architectures ("sm_90"), by NVML, asked once a process; []
+    where there is none. Every GPU of the machine, CUDA_VISIBLE_DEVICES aside."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return []
+        return ()
     if nvml.nvmlInit_v2() != 0:
-        return []
+        return ()
     try:
         count = ctypes.c_uint(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-            return []
+            return ()
         archs = set()
         for i in range(count.value):
             handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
@@ -35,7 +37,7 @@ def gpu_archs():
                 nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0
             ):
                 archs.add(f"sm_{major.value}{minor.value}")
-        return sorted(archs)
+        return tuple(sorted(archs))
     finally:
         nvml.nvmlShutdown()
 

@@ -53,11 +53,21 @@ SMALL_SOURCE = textwrap.dedent("""\
     """)
 
 
-def run_python(code, env=None, unset=(), timeout=600, cwd=None):
+def child_env(env=None, unset=()):
+    """This environment for a child process that imports the package this
+    process imported (not, say, an editable install's), with `env` set and
+    `unset` removed."""
     full = dict(os.environ)
     for name in ("FLASHMLA_PERM_FORCE_REFERENCE", *unset):
         full.pop(name, None)
+    here = str(Path(flashmla_perm.__file__).resolve().parent.parent)
+    full["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [full.get("PYTHONPATH")])])
     full.update(env or {})
+    return full
+
+
+def run_python(code, env=None, unset=(), timeout=600, cwd=None):
+    full = child_env(env, unset)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full,
@@ -119,7 +129,7 @@ def test_warm_says_what_the_install_built_and_compiles_nothing(tmp_path):
         pytest.skip("no kernels built at install")
     out = subprocess.run(
         [sys.executable, "-m", "flashmla_perm.nvrtc", "--warm", "--arch", arch],
-        env=dict(os.environ, FLASHMLA_PERM_CACHE_DIR=str(tmp_path)),
+        env=child_env(dict(FLASHMLA_PERM_CACHE_DIR=str(tmp_path))),
         capture_output=True,
         text=True,
         timeout=300,
@@ -133,7 +143,7 @@ def test_warm_says_what_the_install_built_and_compiles_nothing(tmp_path):
 def test_warm_compiles_an_architecture_the_install_did_not_build_then_finds_it(tmp_path):
     """FLASHMLA_PERM_JIT=1: as for an architecture no install built (the
     real kernels, NVRTC's whole compile)."""
-    env = dict(os.environ, FLASHMLA_PERM_CACHE_DIR=str(tmp_path), FLASHMLA_PERM_JIT="1")
+    env = child_env(dict(FLASHMLA_PERM_CACHE_DIR=str(tmp_path), FLASHMLA_PERM_JIT="1"))
     cmd = [sys.executable, "-m", "flashmla_perm.nvrtc", "--warm", "--arch", "sm_90"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
@@ -223,8 +233,7 @@ def test_eight_processes_asking_at_once_compile_once(tmp_path):
             time.sleep(0.001)
         print(json.dumps(_ops._C.nvrtc_cached("sm_90", "// eight", {SMALL_SOURCE!r})))
         """
-    env = dict(os.environ, FLASHMLA_PERM_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("FLASHMLA_PERM_FORCE_REFERENCE", None)
+    env = child_env(dict(FLASHMLA_PERM_CACHE_DIR=str(tmp_path / "cache")))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(code), str(i)],
@@ -404,21 +413,75 @@ def test_another_users_folder_and_entries_are_refused(tmp_path):
     assert result["compiled"] and "cannot be shared between processes" in said, said
 
 
+def as_nobody(code):
+    """`code` run by user nobody (a service user: no HOME, no usable home in
+    the password database), with this environment's Python and package."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME", "FLASHMLA_PERM_CACHE_DIR")}
+    env["PYTHONPATH"] = str(Path(flashmla_perm.__file__).resolve().parent.parent)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        user="nobody",
+        group="nogroup" if _has_group("nogroup") else None,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
+
+
+def _has_group(name):
+    import grp
+
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
 @needs_root
 @needs_nvrtc
-def test_the_tmp_fallback_is_a_private_folder(tmp_path):
-    """No FLASHMLA_PERM_CACHE_DIR, XDG_CACHE_HOME or HOME, and a password
-    database home that cannot be used: /tmp/flashmla_perm-<uid>, created 0700."""
-    code = """
-        import os
-        from flashmla_perm import _ops
-        print(_ops._C.kernel_cache_dir())
-        """
-    out = run_python(code, unset=("FLASHMLA_PERM_CACHE_DIR", "XDG_CACHE_HOME", "HOME"))
+def test_the_tmp_fallback_is_a_private_folder_and_a_squatted_one_is_refused():
+    """No FLASHMLA_PERM_CACHE_DIR, XDG_CACHE_HOME, HOME or usable home:
+    /tmp/flashmla_perm-<uid>, made with mode 0700. The finding, the other way
+    round: another user (here root) made that folder first, mode 0777, and
+    put a well-formed entry in it: refused, said once, compiled in memory."""
     import pwd
 
-    home = pwd.getpwuid(os.geteuid()).pw_dir
-    assert out.stdout.strip() == f"{home}/.cache/flashmla_perm", out  # the password database before /tmp
+    nobody = pwd.getpwnam("nobody")
+    folder = Path(f"/tmp/flashmla_perm-{nobody.pw_uid}")
+    code = f"""
+        import json
+        from flashmla_perm import _ops
+        print(_ops._C.kernel_cache_dir())
+        print(json.dumps(_ops._C.nvrtc_cached("sm_90", "// nobody", {SMALL_SOURCE!r})))
+        """
+    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        out = as_nobody(code)
+        if out.returncode != 0 and "Permission denied" in out.stderr:
+            pytest.skip(f"user nobody cannot read this environment: {out.stderr.splitlines()[-1]}")
+        assert out.returncode == 0, out.stderr
+        where, result = out.stdout.splitlines()[-2], json.loads(out.stdout.splitlines()[-1])
+        assert where == str(folder) and result["compiled"] and result["path"].startswith(f"{folder}/nvrtc/"), out
+        st = folder.stat()
+        assert st.st_uid == nobody.pw_uid and oct(st.st_mode & 0o777) == "0o700", oct(st.st_mode)
+        entry = Path(result["path"])
+        shutil.rmtree(folder)
+        # Squatted: root's folder, open to all, a well-formed entry of that key in it.
+        (folder / "nvrtc").mkdir(parents=True)
+        os.chmod(folder, 0o777)
+        os.chmod(folder / "nvrtc", 0o777)
+        out = as_nobody(code)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.splitlines()[-1])
+        assert result["compiled"] and result["path"] == "", out
+        assert out.stderr.count("flashmla_perm: the kernel cache is off:") == 1, out.stderr
+        assert f"{folder} belongs to uid 0, not to this user" in out.stderr, out.stderr
+        assert not entry.exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_cuda_side
@@ -683,3 +746,54 @@ def test_a_missing_nvrtc_on_a_gpu_raises_before_any_byte_moves(tmp_path):
     )
     out = run_python(code, env)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# --------------------------------------------------------------------------- the GPUs, as the plugin sees them
+
+FAKE_NVML = """
+#include <string.h>
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 3; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)(long)(i + 1); return 0; }
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+  static const int cc[3][2] = {{10, 0}, {9, 0}, {10, 0}};
+  long i = (long)h - 1; *major = cc[i][0]; *minor = cc[i][1]; return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_gpus_architectures_come_from_nvml_without_cuda(tmp_path):
+    (tmp_path / "nvml.c").write_text(FAKE_NVML)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"), str(tmp_path / "nvml.c")], check=True
+    )
+    code = """
+        import torch
+        from flashmla_perm import _kernels
+        print(_kernels.gpu_archs(), torch.cuda.is_initialized())
+        """
+    out = run_python(code, dict(LD_LIBRARY_PATH=str(tmp_path)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "('sm_100', 'sm_90') False", out.stdout  # no CUDA context made
+    out = run_python(code)  # no NVML here: nothing, and no error
+    assert out.stdout.split("\n")[-2] in ("() False", f"{tuple(sorted(_nvml_archs()))} False")
+
+
+def _nvml_archs():
+    from flashmla_perm import _kernels
+
+    return _kernels.gpu_archs()
+
+
+@needs_cuda_side
+def test_the_plugins_words_for_a_gpu_name_where_its_kernels_come_from():
+    from flashmla_perm import _kernels
+
+    built = next(iter(INFO["kernels"]), None)
+    if built is None:
+        pytest.skip("no kernels built at install")
+    assert _kernels.describe([built]) == f"{built} {INFO['kernels'][built]}"
+    words = _kernels.describe(["sm_110"], compiling=["sm_110"])
+    assert words == "sm_110 compiling in the background by NVRTC"

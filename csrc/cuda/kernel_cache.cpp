@@ -35,11 +35,15 @@ std::string absolute_or_empty(const char* path) {
   return path && path[0] == '/' ? std::string(path) : std::string();
 }
 
+// The password database's home, where it is a folder (a service user's is
+// often /nonexistent).
 std::string password_home() {
   struct passwd pw, *found = nullptr;
   std::vector<char> buf(16384);
   if (getpwuid_r(geteuid(), &pw, buf.data(), buf.size(), &found) != 0 || !found) return "";
-  return absolute_or_empty(found->pw_dir);
+  const std::string home = absolute_or_empty(found->pw_dir);
+  struct stat st;
+  return !home.empty() && ::stat(home.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? home : "";
 }
 
 std::string why_errno(const std::string& what) { return what + " (" + std::strerror(errno) + ")"; }

@@ -183,6 +183,14 @@ std::vector<std::pair<std::string, std::string>> installed() {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> compiled_here() {
+  std::lock_guard<std::mutex> lock(ready_mu);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [arch, r] : ready_by_arch)
+    if (r->origin.kind != "install") out.emplace_back(arch, r->origin.text);
+  return out;
+}
+
 Origin origin(int major, int minor) {
   if (const KernelImage* image = install_image(major, minor)) return {"install", image_text(*image, major, minor)};
   const std::string arch = arch_name(major, minor);

@@ -32,6 +32,9 @@ std::string nvrtc_cache_key(const std::string& arch, const std::string& extra = 
 
 // The architectures built at install, each with its compiler.
 std::vector<std::pair<std::string, std::string>> installed();
+// The architectures whose kernels this process compiled or read from the
+// cache, each with where they came from.
+std::vector<std::pair<std::string, std::string>> compiled_here();
 // Where the kernels of sm_<major><minor> would come from, compiling nothing.
 Origin origin(int major, int minor);
 // Makes the kernels of sm_<major><minor> ready in this process (compiling
