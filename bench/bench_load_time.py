@@ -51,8 +51,11 @@ available here.
 """
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
+import logging
 import os
 import re
 import statistics
@@ -347,13 +350,50 @@ def permute_on_load_equivalent(param, perm, dim):
     param.weight_loader = composed_loader
 
 
+# What importing vLLM 0.33.0 logs at ERROR on a machine without its GPU
+# stack (its warnings, the missing vllm._C among them, are dropped by level).
+# Loading uses none of that stack: nothing is wrong, but the line reads so.
+GPU_STACK_ERRORS = re.compile(r"^Failed to import Triton kernels\b")
+
+
+@contextlib.contextmanager
+def quiet_vllm_import():
+    """Keeps what importing vLLM says about its GPU stack out of the output.
+    vLLM 0.33.0 reads VLLM_LOGGING_LEVEL only when an engine configures its
+    logging, never at import: until then its loggers have no handler, and
+    Python prints their warnings and errors bare on sys.stderr. So, during
+    the import, vLLM's logger is held at ERROR, and so is the torch logger
+    that warns that Triton is missing; sys.stderr goes to a buffer, written
+    back without the line above. Everything else still
+    shows: other lines, any exception, and what native code writes (a
+    crash's report), which never passes through sys.stderr. A user who sets
+    VLLM_LOGGING_LEVEL gets vLLM's import exactly as vLLM prints it."""
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("vllm", "torch._library.triton")]
+    levels = [logger.level for logger in loggers]
+    buffer = io.StringIO()
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        with contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        sys.stderr.write("".join(s for s in buffer.getvalue().splitlines(True) if not GPU_STACK_ERRORS.match(s)))
+        sys.stderr.flush()
+
+
 def vllm_loaders():
     """(default_weight_loader, permute_on_load, where they came from): vLLM's
     own where it is installed, else the exact equivalents above."""
     try:
-        import vllm
-        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-        from vllm.models.deepseek_v41.common.ops import fused_layout
+        with quiet_vllm_import():
+            import vllm
+            from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+            from vllm.models.deepseek_v41.common.ops import fused_layout
     except ImportError as e:
         return plain_loader, permute_on_load_equivalent, f"the bench's equivalent (no vLLM: {e})"
     # This package's vLLM plugin replaces permute_on_load when vLLM loads its

@@ -33,12 +33,32 @@ fi
 if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
    ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '0.33.0')" 2>/dev/null; then
   echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
+  rm -f "$VENV/.vllm_imports"
   "$PY" -m pip install -q --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
 fi
 # The build and test tools (pip only when one is missing: asking the index
-# costs about 15 s a call, and CI sources this six times).
+# costs about 15 s a call, and CI sources this six times). --no-warn-conflicts:
+# vLLM requires ninja, so pip would check vLLM too and list, as an ERROR, each
+# of its requirements that the stack above leaves out on purpose. The check
+# below is what tells a real conflict.
 if ! "$PY" -c "import ninja, setuptools, wheel, pytest, xdist, hypothesis, numpy" 2>/dev/null; then
-  "$PY" -m pip install -q ninja setuptools wheel pytest pytest-xdist hypothesis numpy
+  "$PY" -m pip install -q --no-warn-conflicts ninja setuptools wheel pytest pytest-xdist hypothesis numpy
+fi
+# Once vLLM's stack is installed (and the tools beside it), the modules the
+# benchmark's load kind imports must import, as vLLM 0.33.0: checked until
+# they do (a stamp), their output shown only if they do not (on success, it
+# is vLLM's warnings about its GPU stack).
+if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] && [ ! -e "$VENV/.vllm_imports" ]; then
+  if ! out=$("$PY" -c "
+import vllm
+assert vllm.__version__ == '0.33.0', f'vllm {vllm.__version__}, not 0.33.0'
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.models.deepseek_v41.common.ops import fused_layout" 2>&1); then
+    printf '%s\n' "$out"
+    echo "== vLLM 0.33.0's CPU loading stack does not import in $VENV"
+    exit 1
+  fi
+  touch "$VENV/.vllm_imports"
 fi
 
 # The native module is built in place (flashmla_perm/_C*.so), so a stamp

@@ -1,9 +1,12 @@
 """The benchmark's copy and baselines (bench/bench_load_time.py): the copy
 writes each layer into buffers of its own; the baselines (BASELINES) stream
 every byte and change none, in place, into each layer's buffers, or into one
-set of buffers every layer reuses."""
+set of buffers every layer reuses. Its `load` kind imports vLLM without the
+lines about vLLM's GPU stack, and a real failure there still shows."""
 
+import importlib.metadata
 import os
+import subprocess
 import sys
 
 import pytest
@@ -71,3 +74,79 @@ def test_the_device_check_asks_for_the_benchmarks_baselines():
     import check
 
     assert check.BENCH_BASELINES == bench.BASELINES
+
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "bench_load_time.py")
+
+
+def vllm_033():
+    try:
+        return importlib.metadata.version("vllm") == "0.33.0"
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+needs_vllm = pytest.mark.skipif(not vllm_033(), reason="vLLM 0.33.0 is not installed (FLASHMLA_PERM_WITH_VLLM=0?)")
+
+
+def run_load_kind(pythonpath=None):
+    """The benchmark's load kind, 2 layers, 1 pass, in a fresh process: its
+    whole output (stdout and stderr, as a user sees them) and exit status."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}  # a user's level shows everything
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, BENCH, "--kinds", "load", "--layers", "2", "--reps", "1", "--no-memory"]
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    return out.stdout, out.returncode
+
+
+def alarms(output):
+    """Lines a new user reads as a broken install."""
+    return [line for line in output.splitlines() if line.startswith("ERROR") or "Failed to import" in line]
+
+
+@needs_vllm
+def test_load_kind_prints_no_false_alarms():
+    """Importing vLLM on a CPU-only machine logs that its compiled ops and
+    Triton are missing; loading uses neither, so none of it may show."""
+    output, status = run_load_kind()
+    assert status == 0, output
+    assert alarms(output) == [], output
+    assert "Triton not available" not in output, output  # torch's warning, as vLLM imports
+    assert "load: vllm = permute_on_load of vllm 0.33.0" in output, output
+    backends = ["copy", "vllm"] + (["native"] if bench.flashmla_perm.build_info()["native"] else [])
+    for backend in backends:  # the results, as before
+        assert any(line.split()[1:4] == ["load", "1", backend] for line in output.splitlines()), (backend, output)
+
+
+# Breaks vLLM's import of the module the load kind times, as a broken
+# install would: vLLM logs an error, then the import raises.
+BROKEN_FUSED_LAYOUT = """
+import logging, sys
+
+class BrokenFusedLayout:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm.models.deepseek_v41.common.ops.fused_layout":
+            logging.getLogger("vllm.models").error("fused_layout: a real error, logged")
+            raise {exc}("fused_layout deliberately broken")
+
+sys.meta_path.insert(0, BrokenFusedLayout())
+"""
+
+
+@needs_vllm
+@pytest.mark.parametrize("exc", ["ImportError", "RuntimeError"])
+def test_load_kind_still_prints_a_real_failure(exc, tmp_path):
+    """An ImportError: the load kind falls back to its own equivalent and says
+    why. Any other exception stops the benchmark with its traceback. Either
+    way, what vLLM logged shows, and the GPU stack's lines still do not."""
+    (tmp_path / "sitecustomize.py").write_text(BROKEN_FUSED_LAYOUT.format(exc=exc))
+    output, status = run_load_kind(str(tmp_path))
+    assert "fused_layout: a real error, logged" in output, output
+    if exc == "ImportError":
+        assert status == 0, output
+        assert "(no vLLM: fused_layout deliberately broken)" in output, output
+    else:
+        assert status != 0, output
+        assert "RuntimeError: fused_layout deliberately broken" in output, output
+    assert [line for line in alarms(output) if "Failed to import" in line] == [], output
