@@ -15,6 +15,19 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLASHMLA_PERM_VENV:-$ROOT/.venv}
 TORCH=${FLASHMLA_PERM_TORCH:-2.13.0}
 PY=$VENV/bin/python
+# An on/off switch as flashmla_perm/_switches.py reads it (1/true/on/yes,
+# 0/false/off/no, any case, blanks ignored; unset: the default): 1 or 0, or
+# a stop naming the variable and the value.
+switch() {  # name default
+  local word
+  word=$(printf '%s' "${!1:-}" | tr '[:upper:]' '[:lower:]' | tr -d '[:space:]')
+  case $word in
+    '') echo "$2" ;; 1 | true | on | yes) echo 1 ;; 0 | false | off | no) echo 0 ;;
+    *) echo "$1='${!1}' is not a switch value: use one of 1, true, on, yes (on) or 0, false, off, no (off), in any case" >&2
+       exit 2 ;;
+  esac
+}
+WITH_VLLM=$(switch FLASHMLA_PERM_WITH_VLLM 1)
 
 if [ ! -x "$PY" ]; then
   echo "== creating $VENV"
@@ -30,7 +43,7 @@ fi
 # code: its pins, --no-deps (vLLM's full dependency set is a CUDA stack of
 # several GB that loading never uses). On by default with torch 2.13.0;
 # FLASHMLA_PERM_WITH_VLLM=0 leaves it out (its tests then skip).
-if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
+if [ "$WITH_VLLM" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
    ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '0.33.0')" 2>/dev/null; then
   echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
   rm -f "$VENV/.vllm_imports"
@@ -48,7 +61,7 @@ fi
 # benchmark's load kind imports must import, as vLLM 0.33.0: checked until
 # they do (a stamp), their output shown only if they do not (on success, it
 # is vLLM's warnings about its GPU stack).
-if [ "${FLASHMLA_PERM_WITH_VLLM:-1}" = 1 ] && [ "$TORCH" = 2.13.0 ] && [ ! -e "$VENV/.vllm_imports" ]; then
+if [ "$WITH_VLLM" = 1 ] && [ "$TORCH" = 2.13.0 ] && [ ! -e "$VENV/.vllm_imports" ]; then
   if ! out=$("$PY" -c "
 import vllm
 assert vllm.__version__ == '0.33.0', f'vllm {vllm.__version__}, not 0.33.0'
