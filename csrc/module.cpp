@@ -146,7 +146,8 @@ std::string byte_overlap(const PyLayout& a, const std::optional<PyLayout>& b) {
 #ifdef FLASHMLA_PERM_WITH_CUDA
 // "sm_90" -> (9, 0); ValueError for anything else.
 std::pair<int, int> arch_numbers(const std::string& arch) {
-  if (arch.size() < 5 || arch.rfind("sm_", 0) != 0 || arch.find_first_not_of("0123456789", 3) != std::string::npos)
+  if (arch.size() < 5 || arch.rfind("sm_", 0) != 0 ||
+      arch.find_first_not_of("0123456789", 3) != std::string::npos)
     throw std::invalid_argument("arch must be like 'sm_90', got '" + arch + "'");
   return {std::stoi(arch.substr(3, arch.size() - 4)), arch.back() - '0'};
 }
@@ -257,10 +258,13 @@ PYBIND11_MODULE(_C, m) {
         "prepare_kernels(arch): the kernels for arch made ready in this process (compiled and cached where "
         "nothing serves them): kind, text, seconds. No GPU needed.");
   m.def("device_kernels", &fp::cuda::device_origin, py::arg("device"),
-        "device_kernels(device): where the kernels loaded on that CUDA device came from ('' before its first use).");
+        "device_kernels(device): where the kernels loaded on that CUDA device came from ('' before its first "
+        "use).");
   m.def("compiled_kernels", &fp::cuda::compiled_here,
-        "compiled_kernels(): [(arch, where from)] of the kernels this process compiled or read from the cache.");
-  m.def("kernel_cache_dir", &fp::cuda::kernel_cache::root, "The kernel cache's folder (its entries: nvrtc/).");
+        "compiled_kernels(): [(arch, where from)] of the kernels this process compiled or read from the "
+        "cache.");
+  m.def("kernel_cache_dir", &fp::cuda::kernel_cache::root,
+        "The kernel cache's folder (its entries: nvrtc/).");
   m.def("set_kernel_cache_root", &fp::cuda::kernel_cache::set_host_root, py::arg("root"),
         "set_kernel_cache_root(root): the cache's folder unless FLASHMLA_PERM_CACHE_DIR is set ('' unsets).");
   m.def("kernel_notes", &fp::cuda::kernel_cache::notes, "What the CUDA side said once (to stderr).");

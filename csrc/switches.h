@@ -20,9 +20,10 @@ inline bool env_switch(const char* name, bool unset) {
   if (v.empty()) return unset;
   if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
   if (v == "0" || v == "false" || v == "off" || v == "no") return false;
-  throw std::invalid_argument(std::string(name) + "='" + (raw ? raw : "") +
-                              "' is not a switch value: use one of 1, true, on, yes (on) or 0, false, off, no "
-                              "(off), in any case");
+  throw std::invalid_argument(
+      std::string(name) + "='" + (raw ? raw : "") +
+      "' is not a switch value: use one of 1, true, on, yes (on) or 0, false, off, no "
+      "(off), in any case");
 }
 
 }  // namespace flashmla_perm

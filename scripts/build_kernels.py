@@ -108,10 +108,15 @@ def nvcc_candidates(torch_major):
     homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
     out = [Path(h, "bin", "nvcc") for h in homes if h and os.path.isabs(h)]
     out.append(nvcc_on_path())
-    out += [Path(d, "bin", "nvcc") for d in ["/usr/local/cuda", *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]]
+    out += [
+        Path(d, "bin", "nvcc") for d in ["/usr/local/cuda", *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    ]
     # The nvidia-cuda-nvcc wheel (vLLM's environment has one), not on PATH.
     for site in dict.fromkeys(p for p in sys.path if p and Path(p, "nvidia").is_dir()):
-        out += [Path(site, "nvidia", f"cu{torch_major}", "bin", "nvcc"), Path(site, "nvidia", "cuda_nvcc", "bin", "nvcc")]
+        out += [
+            Path(site, "nvidia", f"cu{torch_major}", "bin", "nvcc"),
+            Path(site, "nvidia", "cuda_nvcc", "bin", "nvcc"),
+        ]
     return [p for p in dict.fromkeys(out) if p and p.is_file()]
 
 
@@ -266,18 +271,25 @@ def build(out, compiler="auto", torch=None):
     else:
         tool = build_tool(out, torch_major)
         supported = nvrtc_archs(tool, torch_lib)
-        name = "NVRTC " + subprocess.run(
-            [str(tool), "--version", "--torch-lib", str(torch_lib)], capture_output=True, text=True
-        ).stdout.strip()
+        name = (
+            "NVRTC "
+            + subprocess.run(
+                [str(tool), "--version", "--torch-lib", str(torch_lib)], capture_output=True, text=True
+            ).stdout.strip()
+        )
         run = lambda a, path: compile_nvrtc(tool, torch_lib, a, path)  # noqa: E731
     missing = [a for a in archs if a not in supported]
     if missing and all_must:
-        raise SystemExit(f"flashmla_perm: {name} cannot build sm_{', sm_'.join(map(str, missing))} (TORCH_CUDA_ARCH_LIST)")
+        raise SystemExit(
+            f"flashmla_perm: {name} cannot build sm_{', sm_'.join(map(str, missing))} (TORCH_CUDA_ARCH_LIST)"
+        )
     archs = [a for a in archs if a in supported]
     paths = {a: out / "kernels" / f"sm_{a}.cubin" for a in archs}
     # A cubin is kept where nothing it is made from changed (its log too:
     # the build log's gates read every architecture's report).
-    keys = {a: digest(kernel_source_key(), name, nvcc or tool, config()["nvcc_flags"], torch.__version__, a) for a in archs}
+    keys = {
+        a: digest(kernel_source_key(), name, nvcc or tool, config()["nvcc_flags"], torch.__version__, a) for a in archs
+    }
     todo = [a for a in archs if not unchanged(paths[a], keys[a])]
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
         done = dict(zip(todo, pool.map(lambda a: run(a, paths[a]), todo)))

@@ -259,8 +259,8 @@ MUTANTS = [
       "a link at an entry's name followed to a file elsewhere",
       needs_cuda_build=True),
     M("cache-temporary-by-pid", "csrc/cuda/kernel_cache.cpp",
-      "name + \".tmp.\" + hex((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(::getpid()));",
-      "name + \".tmp.\" + std::to_string(::getpid()) + \".0\";",
+      "hex((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(::getpid()));",
+      "std::to_string(::getpid()) + \".0\";",
       ["tests/test_kernels.py::test_a_stale_temporary_file_blocks_nothing"],
       "temporary files named by pid: one left by an earlier process of that pid blocks the entry for good",
       needs_cuda_build=True),
@@ -806,8 +806,11 @@ def main():
         stale = [m.name for m in chosen if not (src / m.file).exists() or (src / m.file).read_text().count(m.old) != 1]
         print(f"mutants: {len(chosen) - len(stale)} of {len(chosen)} apply" + (f"; stale: {stale}" if stale else ""))
         return 1 if stale else 0
+
     def torch_says(condition):
-        return subprocess.run([args.python, "-c", f"import torch, sys; sys.exit(0 if {condition} else 1)"]).returncode == 0
+        return (
+            subprocess.run([args.python, "-c", f"import torch, sys; sys.exit(0 if {condition} else 1)"]).returncode == 0
+        )
 
     cuda, cuda_build = torch_says("torch.cuda.is_available()"), torch_says("torch.version.cuda")
     t0 = time.time()

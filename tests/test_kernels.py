@@ -291,7 +291,11 @@ def test_an_entry_moved_under_another_key_is_compiled_again(tmp_path, other):
     """The header carries the whole key: an entry renamed over another's
     name (mv -f B A) is not taken for A."""
     a = Path(cached(tmp_path)["path"])
-    b = Path(cached(tmp_path, extra="\n// B\n")["path"] if other == "another source" else cached(tmp_path, arch="sm_80")["path"])
+    b = Path(
+        cached(tmp_path, extra="\n// B\n")["path"]
+        if other == "another source"
+        else cached(tmp_path, arch="sm_80")["path"]
+    )
     a_bytes = a.read_bytes()
     b.replace(a)
     again = cached(tmp_path)
@@ -494,7 +498,10 @@ def test_the_cache_folder_follows_the_environment(tmp_path):
     assert out.stdout.strip() == f"{tmp_path}/home/.cache/flashmla_perm", out  # a relative XDG_CACHE_HOME is ignored
     out = run_python(code, dict(FLASHMLA_PERM_CACHE_DIR=str(tmp_path / "x"), XDG_CACHE_HOME=str(tmp_path)))
     assert out.stdout.strip() == str(tmp_path / "x"), out
-    code = "from flashmla_perm import _ops; _ops._C.set_kernel_cache_root('/srv/vllm/flashmla_perm'); " + code.split("; ")[1]
+    code = (
+        "from flashmla_perm import _ops; _ops._C.set_kernel_cache_root('/srv/vllm/flashmla_perm'); "
+        + code.split("; ")[1]
+    )
     out = run_python(code, dict(XDG_CACHE_HOME=str(tmp_path)), unset=unset)
     assert out.stdout.strip() == "/srv/vllm/flashmla_perm", out  # a host's root (the vLLM plugin's) before XDG's
 
@@ -568,14 +575,21 @@ def test_a_missing_nvrtc_is_named_with_its_package(tmp_path):
 def test_the_module_carries_no_absolute_runpath():
     """A wheel built elsewhere must not point at the build machine's folders."""
     out = subprocess.run(["readelf", "-d", _ops._C.__file__], capture_output=True, text=True, check=True).stdout
-    paths = [p for line in out.splitlines() if "RUNPATH" in line or "RPATH" in line for p in re.findall(r"\[(.*)\]", line)]
+    paths = [
+        p for line in out.splitlines() if "RUNPATH" in line or "RPATH" in line for p in re.findall(r"\[(.*)\]", line)
+    ]
     for entry in ":".join(paths).split(":"):
         assert not entry or entry.startswith("$ORIGIN"), paths
     assert "libcudart" not in out and "libcuda.so" not in out and "libnvrtc" not in out, out  # opened at run time
 
 
 def cuda_header():
-    dirs = [Path(torch.__file__).resolve().parent.parent / "nvidia" / f"cu{(torch.version.cuda or '0').split('.')[0]}" / "include"]
+    dirs = [
+        Path(torch.__file__).resolve().parent.parent
+        / "nvidia"
+        / f"cu{(torch.version.cuda or '0').split('.')[0]}"
+        / "include"
+    ]
     dirs += [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include"), Path("/usr/local/cuda/include")]
     return next((d for d in dirs if (d / "cuda.h").is_file()), None)
 
@@ -600,8 +614,8 @@ def test_the_drivers_constants_are_cuda_hs(tmp_path):
         "kCaptureStatusNone": "CU_STREAM_CAPTURE_STATUS_NONE",
         "kCaptureModeRelaxed": "CU_STREAM_CAPTURE_MODE_RELAXED",
     }
-    checks = "\n".join(f"static_assert(flashmla_perm::cuda::{a} == {b}, \"{a}\");" for a, b in names.items())
-    checks += "\nstatic_assert(sizeof(flashmla_perm::cuda::CUdevice) == sizeof(CUdevice), \"CUdevice\");"
+    checks = "\n".join(f'static_assert(flashmla_perm::cuda::{a} == {b}, "{a}");' for a, b in names.items())
+    checks += '\nstatic_assert(sizeof(flashmla_perm::cuda::CUdevice) == sizeof(CUdevice), "CUdevice");'
     source = tmp_path / "constants.cpp"
     source.write_text(f'#include <cuda.h>\n#include "cuda/driver.h"\n{checks}\nint main() {{ return 0; }}\n')
     out = subprocess.run(

@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
       std::ofstream f(out, std::ios::binary);
       f.write(c.cubin.data(), static_cast<std::streamsize>(c.cubin.size()));
       if (!f.flush()) throw std::runtime_error("cannot write " + out);
-      std::printf("%s\nflashmla_perm: %s compiled by NVRTC %s in %.1f s (%zu bytes)\n", c.log.c_str(), arch.c_str(),
-                  nvrtc::library().version.c_str(), c.seconds, c.cubin.size());
+      std::printf("%s\nflashmla_perm: %s compiled by NVRTC %s in %.1f s (%zu bytes)\n", c.log.c_str(),
+                  arch.c_str(), nvrtc::library().version.c_str(), c.seconds, c.cubin.size());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -62,7 +62,7 @@ void check(CUresult r, const char* call) {
   fail(std::string(call) + " failed: " + (text ? text : "error " + std::to_string(r)));
 }
 
-void make_current(int device) {
+ContextGuard::ContextGuard(int device) {
   // Retained once per device and kept: the runtime holds it for the process.
   static std::mutex mu;
   static std::vector<CUcontext> primary;
@@ -77,9 +77,15 @@ void make_current(int device) {
     }
     want = primary[device];
   }
-  CUcontext now = nullptr;
-  check(driver().CtxGetCurrent(&now), "cuCtxGetCurrent");
-  if (now != want) check(driver().CtxSetCurrent(want), "cuCtxSetCurrent");
+  check(driver().CtxGetCurrent(&previous_), "cuCtxGetCurrent");
+  if (previous_ != want) {
+    check(driver().CtxSetCurrent(want), "cuCtxSetCurrent");
+    changed_ = true;
+  }
+}
+
+ContextGuard::~ContextGuard() {
+  if (changed_) driver().CtxSetCurrent(previous_);  // no throw from a destructor
 }
 
 int device_attribute(int device, DeviceAttribute attribute) {

@@ -64,10 +64,22 @@ const Driver& driver();
 // Throws, naming `call` and the driver's words for `r`, unless r is success.
 void check(CUresult r, const char* call);
 
-// Makes `device`'s primary context (the one torch's CUDA runtime uses)
-// current on this thread: a thread that has run no CUDA runtime call yet
-// has none, and every driver call below needs one.
-void make_current(int device);
+// `device`'s primary context (the one torch's CUDA runtime uses) current on
+// this thread while it lives, and the one before it (or none) after: every
+// driver call below needs one (a thread that has run no CUDA runtime call
+// yet has none), and the runtime takes its current device from the current
+// context, so a change left behind would move the caller's later work.
+class ContextGuard {
+ public:
+  explicit ContextGuard(int device);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool changed_ = false;
+};
 int device_attribute(int device, DeviceAttribute attribute);
 // Whether `stream` is capturing a CUDA graph.
 bool capturing(CUstream stream);

@@ -79,6 +79,7 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   load_kernels(device);
   DeviceSpec s;
   {
+    const cuda::ContextGuard context(index);
     using cuda::device_attribute;
     s.sm_count = device_attribute(index, cuda::kMultiprocessorCount);
     s.smem_per_sm = device_attribute(index, cuda::kMaxSharedMemoryPerMultiprocessor);
@@ -89,7 +90,8 @@ DeviceSpec cuda_device_spec(c10::Device device) {
     for (const Kernel k : {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols})
       s.regs[static_cast<int>(k)] = cuda::registers(index, k);
   }
-  s.max_ctas_per_sm = std::min(s.max_ctas_per_sm, env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
+  s.max_ctas_per_sm =
+      std::min(s.max_ctas_per_sm, env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
   s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
   s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
   s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
@@ -111,13 +113,12 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
                     kernel, "'");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   cuda_device_spec(device);  // loads the kernels, once per device
-  const c10::DeviceGuard guard(device);
-  cuda::make_current(index);
+  const cuda::ContextGuard context(index);
   return cuda::resident_ctas_per_sm(index, *k, threads, smem_bytes);
 }
 
 bool cuda_capturing(c10::Device device) {
-  cuda::make_current(device.index());
+  const cuda::ContextGuard context(device.index());
   return cuda::capturing(current_stream(device));
 }
 
@@ -137,7 +138,7 @@ void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
       set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
     }
   }
-  cuda::make_current(device.index());
+  const cuda::ContextGuard context(device.index());
   for (const std::vector<Launch>& launches : groups)
     for (const Launch& l : launches)
       if (l.tiles > 0) cuda::launch(device.index(), l, stream);

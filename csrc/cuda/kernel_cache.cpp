@@ -158,11 +158,12 @@ bool read_entry(int dir, const std::string& name, const std::string& key, std::s
 // file an earlier process left behind (its pid reused) is in no one's way.
 bool write_entry(int dir, const std::string& name, const std::string& key, const std::string& cubin,
                  std::string& why) {
-  const std::string bytes =
-      std::string(kMagic) + "\n" + key + "\n" + std::to_string(cubin.size()) + "\n" + checksum(key, cubin) + "\n" + cubin;
+  const std::string bytes = std::string(kMagic) + "\n" + key + "\n" + std::to_string(cubin.size()) + "\n" +
+                            checksum(key, cubin) + "\n" + cubin;
   std::random_device random;
   const std::string tmp =
-      name + ".tmp." + hex((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(::getpid()));
+      name + ".tmp." +
+      hex((static_cast<uint64_t>(random()) << 32) ^ random() ^ static_cast<uint64_t>(::getpid()));
   Fd f(::openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (f.fd < 0) {
     why = why_errno("cannot create a file");
@@ -222,9 +223,10 @@ Entry compiled_entry(const std::function<Compiled()>& compile) {
 std::string root() {
   if (const char* dir = std::getenv("FLASHMLA_PERM_CACHE_DIR"); dir && *dir) {
     if (dir[0] != '/')
-      throw std::invalid_argument(std::string("flashmla_perm: FLASHMLA_PERM_CACHE_DIR must be an absolute path, "
-                                              "got '") +
-                                  dir + "'");
+      throw std::invalid_argument(
+          std::string("flashmla_perm: FLASHMLA_PERM_CACHE_DIR must be an absolute path, "
+                      "got '") +
+          dir + "'");
     return dir;
   }
   {
@@ -261,7 +263,8 @@ Entry get(const std::string& arch, const std::string& key, const std::function<C
   Entry made = compiled_entry(compile);
   made.path = e.path;
   if (!write_entry(dir.fd, name, key, made.cubin, why))
-    say_once("the kernel cache in " + folder + " cannot be written: " + why + "; kernels are compiled every start");
+    say_once("the kernel cache in " + folder + " cannot be written: " + why +
+             "; kernels are compiled every start");
   return made;
 }
 

@@ -84,7 +84,8 @@ std::shared_ptr<const Ready> compiled_ready(const std::string& arch) {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f", e.seconds);
     r->origin = {"compiled",
-                 "compiled by " + by + " in " + secs + " s" + (e.path.empty() ? std::string() : ", cached in " + e.path),
+                 "compiled by " + by + " in " + secs + " s" +
+                     (e.path.empty() ? std::string() : ", cached in " + e.path),
                  e.seconds};
   } else {
     r->origin = {"cache", "found in the cache (" + e.path + "), compiled by " + by, 0};
@@ -98,7 +99,8 @@ std::shared_ptr<const Ready> ready(int major, int minor, bool skip_install = fal
   {
     std::lock_guard<std::mutex> lock(ready_mu);
     const auto it = ready_by_arch.find(arch);
-    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install")) return it->second;
+    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install"))
+      return it->second;
     auto& m = arch_mu[arch];
     if (!m) m = std::make_shared<std::mutex>();
     mu = m;
@@ -107,7 +109,8 @@ std::shared_ptr<const Ready> ready(int major, int minor, bool skip_install = fal
   {
     std::lock_guard<std::mutex> lock(ready_mu);
     const auto it = ready_by_arch.find(arch);
-    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install")) return it->second;
+    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install"))
+      return it->second;
   }
   std::shared_ptr<const Ready> r;
   const KernelImage* image = skip_install ? nullptr : install_image(major, minor);
@@ -135,8 +138,11 @@ std::map<int, Loaded> loaded_by_device;
 Loaded loaded_on(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
-  if (it == loaded_by_device.end()) throw std::runtime_error("flashmla_perm: the CUDA kernels are not loaded on "
-                                                             "device " + std::to_string(device));
+  if (it == loaded_by_device.end())
+    throw std::runtime_error(
+        "flashmla_perm: the CUDA kernels are not loaded on "
+        "device " +
+        std::to_string(device));
   return it->second;
 }
 
@@ -173,13 +179,14 @@ void find_nvrtc_beside_torch() {
 std::string nvrtc_cache_key(const std::string& arch, const std::string& extra, const std::string& main) {
   find_nvrtc_beside_torch();
   const nvrtc::Library& lib = nvrtc::library();
-  return "kernels " + nvrtc::source_hash(extra, main) + " for " + arch + " by NVRTC " + lib.version + " (build " +
-         lib.build_id + ")";
+  return "kernels " + nvrtc::source_hash(extra, main) + " for " + arch + " by NVRTC " + lib.version +
+         " (build " + lib.build_id + ")";
 }
 
 std::vector<std::pair<std::string, std::string>> installed() {
   std::vector<std::pair<std::string, std::string>> out;
-  for (int i = 0; i < kNumKernelImages; ++i) out.emplace_back(kKernelImages[i].arch, kKernelImages[i].compiler);
+  for (int i = 0; i < kNumKernelImages; ++i)
+    out.emplace_back(kKernelImages[i].arch, kKernelImages[i].compiler);
   return out;
 }
 
@@ -192,7 +199,8 @@ std::vector<std::pair<std::string, std::string>> compiled_here() {
 }
 
 Origin origin(int major, int minor) {
-  if (const KernelImage* image = install_image(major, minor)) return {"install", image_text(*image, major, minor)};
+  if (const KernelImage* image = install_image(major, minor))
+    return {"install", image_text(*image, major, minor)};
   const std::string arch = arch_name(major, minor);
   {
     std::lock_guard<std::mutex> lock(ready_mu);
@@ -211,8 +219,8 @@ Origin origin(int major, int minor) {
 Origin prepare(int major, int minor) { return ready(major, minor)->origin; }
 
 void load(int device) {
-  make_current(device);
   if (loaded(device)) return;
+  const ContextGuard context(device);
   // One load at a time (a first compile takes seconds; launches on devices
   // already loaded go on meanwhile).
   static std::mutex load_mu;
@@ -266,8 +274,8 @@ int resident_ctas_per_sm(int device, Kernel kernel, int threads, int64_t smem_by
   int fewest = -1;
   for (const bool staged : {true, false}) {
     int n = 0;
-    check(driver().OccupancyMaxActiveBlocksPerMultiprocessor(&n, l.functions[function_of(kernel, staged)], threads,
-                                                             static_cast<size_t>(smem_bytes)),
+    check(driver().OccupancyMaxActiveBlocksPerMultiprocessor(&n, l.functions[function_of(kernel, staged)],
+                                                             threads, static_cast<size_t>(smem_bytes)),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     fewest = fewest < 0 || n < fewest ? n : fewest;
   }
@@ -283,8 +291,8 @@ void launch(int device, const Launch& l, CUstream stream) {
   void* args[1] = {l.kernel == Kernel::kCols ? static_cast<void*>(&cols) : static_cast<void*>(&rows)};
   const CUfunction f = loaded.functions[function_of(l.kernel, l.cols[0].staged != 0)];
   const unsigned smem = l.kernel == Kernel::kSaveHeads ? 0 : static_cast<unsigned>(l.smem_bytes);
-  check(driver().LaunchKernel(f, static_cast<unsigned>(l.grid), 1, 1, static_cast<unsigned>(l.threads), 1, 1, smem,
-                              stream, args, nullptr),
+  check(driver().LaunchKernel(f, static_cast<unsigned>(l.grid), 1, 1, static_cast<unsigned>(l.threads), 1, 1,
+                              smem, stream, args, nullptr),
         "cuLaunchKernel");
 }
 

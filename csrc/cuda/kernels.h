@@ -28,7 +28,8 @@ void find_nvrtc_beside_torch();
 // What a cache entry of NVRTC's kernels is keyed by: the source (`extra` and
 // `main` as nvrtc::compile takes them), the architecture, NVRTC's version
 // and build.
-std::string nvrtc_cache_key(const std::string& arch, const std::string& extra = "", const std::string& main = "");
+std::string nvrtc_cache_key(const std::string& arch, const std::string& extra = "",
+                            const std::string& main = "");
 
 // The architectures built at install, each with its compiler.
 std::vector<std::pair<std::string, std::string>> installed();
@@ -43,7 +44,8 @@ Origin origin(int major, int minor);
 Origin prepare(int major, int minor);
 
 // A device's kernels, loaded on first use (prepare, then the module).
-// `device` is torch's CUDA index; its primary context is made current.
+// `device` is torch's CUDA index. The calls below it expect the device's
+// context current (ContextGuard).
 void load(int device);
 bool loaded(int device);
 // Where the kernels loaded on `device` came from ("" before load).

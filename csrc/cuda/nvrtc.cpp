@@ -140,13 +140,13 @@ std::string build_id_of(const void* symbol) {
         auto* s = static_cast<Search*>(data);
         bool holds = false;
         for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const ElfW(Phdr)& ph = object->dlpi_phdr[i];
+          const ElfW(Phdr) & ph = object->dlpi_phdr[i];
           const uintptr_t at = object->dlpi_addr + ph.p_vaddr;
           holds |= ph.p_type == PT_LOAD && s->address >= at && s->address < at + ph.p_memsz;
         }
         if (!holds) return 0;  // the next object
         for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const ElfW(Phdr)& ph = object->dlpi_phdr[i];
+          const ElfW(Phdr) & ph = object->dlpi_phdr[i];
           if (ph.p_type != PT_NOTE) continue;
           const char* p = reinterpret_cast<const char*>(object->dlpi_addr + ph.p_vaddr);
           const char* end = p + ph.p_memsz;
@@ -199,11 +199,13 @@ const Loaded& loaded() {
     }
   }
   if (!handle)
-    fail("the CUDA kernels for this GPU are compiled by NVRTC, and no NVRTC library was found; install it with"
-         " `pip install nvidia-cuda-nvrtc" +
-         std::string(FLASHMLA_PERM_CUDA_MAJOR == 12 ? "-cu12" : "") + "` (CUDA " +
-         std::to_string(FLASHMLA_PERM_CUDA_MAJOR) +
-         ", torch's), or set FLASHMLA_PERM_NVRTC_LIBRARY to its absolute path (" + kSoname + "). Tried:" + tried);
+    fail(
+        "the CUDA kernels for this GPU are compiled by NVRTC, and no NVRTC library was found; install it with"
+        " `pip install nvidia-cuda-nvrtc" +
+        std::string(FLASHMLA_PERM_CUDA_MAJOR == 12 ? "-cu12" : "") + "` (CUDA " +
+        std::to_string(FLASHMLA_PERM_CUDA_MAJOR) +
+        ", torch's), or set FLASHMLA_PERM_NVRTC_LIBRARY to its absolute path (" + kSoname +
+        "). Tried:" + tried);
   auto l = std::make_unique<Loaded>();
   Functions& f = l->f;
   bind(handle, "nvrtcGetErrorString", f.GetErrorString, path);
