@@ -646,7 +646,9 @@ def tree_files(src):
 
 def sync_tree(src, dst):
     """Copies src's files into dst, leaving identical files (and their
-    timestamps, so ninja rebuilds nothing) alone; removes none."""
+    timestamps, so ninja rebuilds nothing) alone; removes none. A copied
+    file is stamped now: with its source's older time, ninja would take
+    objects built from the copy's last version as up to date."""
     dst.mkdir(parents=True, exist_ok=True)
     changed = 0
     for f in tree_files(src):
@@ -654,7 +656,8 @@ def sync_tree(src, dst):
         if b.exists() and b.read_bytes() == a.read_bytes():
             continue
         b.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(a, b)
+        shutil.copyfile(a, b)
+        shutil.copymode(a, b)
         changed += 1
     return changed
 
