@@ -24,6 +24,7 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -67,6 +68,16 @@ def cuda_mode(torch):
     return mode, ""
 
 
+def without_rpath():
+    """Python's own link line may carry -Wl,-rpath,<its lib> (pyenv's does):
+    a module built with it, then copied elsewhere in a wheel, would point
+    there. The module needs no RUNPATH: torch's libraries are loaded by the
+    time it is, and the CUDA side opens what it needs at run time."""
+    ldshared = sysconfig.get_config_var("LDSHARED")
+    if ldshared and "LDSHARED" not in os.environ:
+        os.environ["LDSHARED"] = re.sub(r"\s-Wl,-rpath,\S+", "", ldshared)
+
+
 def c_string(text):
     """Text safe inside a C string literal passed as -D (and through ninja's shell)."""
     return re.sub(r'["\\$`]', "'", text)
@@ -82,6 +93,7 @@ def build_extension():
     import torch
     from torch.utils import cpp_extension
 
+    without_rpath()
     mode, off_reason = cuda_mode(torch)
     with_cuda = mode is not None
     config = KERNELS.config()

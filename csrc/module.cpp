@@ -213,7 +213,7 @@ py::dict nvrtc_info() {
   const fp::cuda::nvrtc::Library& lib = fp::cuda::nvrtc::library();  // raises where NVRTC is missing
   py::dict d;
   d["version"] = lib.version;
-  d["build_id"] = lib.build_id;
+  d["identity"] = lib.identity;
   d["path"] = lib.path;
   d["source_hash"] = fp::cuda::nvrtc::source_hash();
   return d;
@@ -274,7 +274,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("nvrtc_cached", &nvrtc_cached, py::arg("arch"), py::arg("extra") = "", py::arg("source") = "",
         "nvrtc_cached(arch, extra='', source=''): the kernels for arch through the disk cache: path, "
         "compiled (False: read from the cache), cubin_bytes. source replaces the kernels' file (tests).");
-  m.def("nvrtc_info", &nvrtc_info, "nvrtc_info(): NVRTC's version, build ID and path, the sources' hash.");
+  m.def("nvrtc_info", &nvrtc_info,
+        "nvrtc_info(): NVRTC's version, path and identity (size, time), the sources' hash.");
   m.def(
       "nvrtc_candidates",
       [] {

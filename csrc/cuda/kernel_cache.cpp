@@ -22,8 +22,9 @@ namespace cuda {
 namespace kernel_cache {
 namespace {
 
-// An entry: text lines (the magic, the key, the cubin's size, a checksum of
-// key and cubin), then the cubin. Anything else is compiled again.
+// An entry: text lines (the magic, the key, the cubin's size, the cubin's
+// checksum), then the cubin. Anything else, a key other than the one asked
+// for included, is compiled again.
 constexpr char kMagic[] = "flashmla_perm kernels 3";
 constexpr off_t kMaxEntryBytes = off_t{1} << 28;
 
@@ -116,9 +117,7 @@ std::string entry_name(const std::string& arch, const std::string& key) {
   return "kernels-" + arch + "-" + hex(fnv1a(kFnvStart, key.data(), key.size())) + ".cubin";
 }
 
-std::string checksum(const std::string& key, const std::string& cubin) {
-  return hex(fnv1a(fnv1a(kFnvStart, key.c_str(), key.size() + 1), cubin.data(), cubin.size()));
-}
+std::string checksum(const std::string& cubin) { return hex(fnv1a(kFnvStart, cubin.data(), cubin.size())); }
 
 // The cubin of a whole entry of this user's for `key`, read through one
 // descriptor (opened without following a link, then examined); false for
@@ -150,7 +149,7 @@ bool read_entry(int dir, const std::string& name, const std::string& key, std::s
     return false;
   if (size != std::to_string(bytes.size() - at)) return false;
   cubin = bytes.substr(at);
-  return checksum(key, cubin) == sum;
+  return checksum(cubin) == sum;
 }
 
 // Writes the entry to a file of a random name and renames it into place: a
@@ -159,7 +158,7 @@ bool read_entry(int dir, const std::string& name, const std::string& key, std::s
 bool write_entry(int dir, const std::string& name, const std::string& key, const std::string& cubin,
                  std::string& why) {
   const std::string bytes = std::string(kMagic) + "\n" + key + "\n" + std::to_string(cubin.size()) + "\n" +
-                            checksum(key, cubin) + "\n" + cubin;
+                            checksum(cubin) + "\n" + cubin;
   std::random_device random;
   const std::string tmp =
       name + ".tmp." +

@@ -179,8 +179,8 @@ void find_nvrtc_beside_torch() {
 std::string nvrtc_cache_key(const std::string& arch, const std::string& extra, const std::string& main) {
   find_nvrtc_beside_torch();
   const nvrtc::Library& lib = nvrtc::library();
-  return "kernels " + nvrtc::source_hash(extra, main) + " for " + arch + " by NVRTC " + lib.version +
-         " (build " + lib.build_id + ")";
+  return "kernels " + nvrtc::source_hash(extra, main) + " for " + arch + " by NVRTC " + lib.version + " (" +
+         lib.identity + ")";
 }
 
 std::vector<std::pair<std::string, std::string>> installed() {

@@ -1,7 +1,6 @@
 #include "cuda/nvrtc.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -129,47 +128,15 @@ void bind(void* lib, const char* name, F& f, const std::string& path) {
   if (!f) fail(std::string("NVRTC at ") + path + " has no " + name);
 }
 
-// The ELF build ID (hex) of the loaded object whose segments hold `symbol`.
-std::string build_id_of(const void* symbol) {
-  struct Search {
-    uintptr_t address;
-    std::string id;
-  } search{reinterpret_cast<uintptr_t>(symbol), ""};
-  dl_iterate_phdr(
-      [](dl_phdr_info* object, size_t, void* data) -> int {
-        auto* s = static_cast<Search*>(data);
-        bool holds = false;
-        for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const ElfW(Phdr) & ph = object->dlpi_phdr[i];
-          const uintptr_t at = object->dlpi_addr + ph.p_vaddr;
-          holds |= ph.p_type == PT_LOAD && s->address >= at && s->address < at + ph.p_memsz;
-        }
-        if (!holds) return 0;  // the next object
-        for (int i = 0; i < object->dlpi_phnum; ++i) {
-          const ElfW(Phdr) & ph = object->dlpi_phdr[i];
-          if (ph.p_type != PT_NOTE) continue;
-          const char* p = reinterpret_cast<const char*>(object->dlpi_addr + ph.p_vaddr);
-          const char* end = p + ph.p_memsz;
-          while (p + sizeof(ElfW(Nhdr)) <= end) {
-            const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
-            const char* name = p + sizeof(ElfW(Nhdr));
-            const char* desc = name + ((note->n_namesz + 3) & ~3u);
-            if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
-              static const char digits[] = "0123456789abcdef";
-              for (unsigned k = 0; k < note->n_descsz; ++k) {
-                const unsigned char c = static_cast<unsigned char>(desc[k]);
-                s->id += digits[c >> 4];
-                s->id += digits[c & 15];
-              }
-              return 1;
-            }
-            p = desc + ((note->n_descsz + 3) & ~3u);
-          }
-        }
-        return 1;  // found the object; it has no build ID
-      },
-      &search);
-  return search.id;
+// The loaded library file's size and modification time: NVRTC reports
+// only its major.minor, and two releases of one major.minor (13.0.48,
+// 13.0.88) differ in these. (Its ELF build ID is no better: CUDA 12's
+// libnvrtc has a stray PT_NOTE, its build ID only in a section.)
+std::string identity_of(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "unknown file";
+  return std::to_string(st.st_size) + " bytes, modified " +
+         std::to_string(static_cast<long long>(st.st_mtime));
 }
 
 const Loaded& loaded() {
@@ -222,7 +189,6 @@ const Loaded& loaded() {
   int major = 0, minor = 0;
   f.Version(&major, &minor);
   l->library.version = std::to_string(major) + "." + std::to_string(minor);
-  l->library.build_id = build_id_of(reinterpret_cast<void*>(f.Version));
   Dl_info info;
   if (dladdr(reinterpret_cast<void*>(f.Version), &info) && info.dli_fname && info.dli_fname[0] == '/') {
     l->library.path = info.dli_fname;
@@ -234,6 +200,7 @@ const Loaded& loaded() {
   } else {
     l->library.path = path;
   }
+  l->library.identity = identity_of(l->library.path);
   lib = std::move(l);
   return *lib;
 }

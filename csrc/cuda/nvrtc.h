@@ -25,7 +25,7 @@ std::vector<std::string> candidates(std::string& skipped);
 struct Library {
   std::string path;      // the file loaded
   std::string version;   // "13.0", as NVRTC reports itself
-  std::string build_id;  // its ELF build ID: tells apart releases of one major.minor
+  std::string identity;  // the file's size and time: tells apart releases of one major.minor
 };
 // NVRTC of torch's CUDA major, loaded at first use. Throws, naming the
 // package to install, where none is found.
