@@ -283,7 +283,9 @@ class Check:
         self.pytest("first_use", "tests/test_kernels.py")
 
     def step_ptxas(self):  # dry: no CUDA build, nothing to gate
-        self.dry or self.python("scripts/ptxas_gate.py", self.path("build.log"), "--json", self.path("ptxas.json"))
+        self.dry or self.python(
+            "-m", "flashmla_perm.nvrtc", "--gate", "--log", self.path("build.log"), "--json", self.path("ptxas.json")
+        )
 
     def step_ncu(self):
         """One ncu pass a kind over one native call, our kernels only (the

@@ -111,7 +111,7 @@ def registers(ptxas_log=None, arch="sm_90"):
     """Registers per thread of each kernel: the worst build of each in the log, else today's."""
     regs = dict(DEFAULT_REGS)
     if ptxas_log:
-        from ptxas_gate import parse  # scripts/ptxas_gate.py: the one reader of ptxas logs
+        from flashmla_perm.nvrtc import parse  # the one reader of ptxas logs
 
         with open(ptxas_log, errors="replace") as f:
             kernels = [k for k in parse(f.read()) if k["arch"] == arch and "registers" in k]

@@ -15,7 +15,7 @@ csrc/cuda/nvrtc.cpp, the code the module compiles with at first use. The
 architectures: TORCH_CUDA_ARCH_LIST ("9.0;10.0"), all of which must build;
 else csrc/build_config.txt's default_cuda_archs, less those the compiler
 cannot target. ptxas's report for every kernel goes to standard output (the
-build log: scripts/ptxas_gate.py reads it).
+build log: python -m flashmla_perm.nvrtc --gate --log reads it).
 
     python scripts/build_kernels.py OUT_DIR [--compiler auto|nvcc|nvrtc|none]
 
@@ -85,29 +85,10 @@ def nvcc_release(nvcc):
     return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else None
 
 
-def nvcc_on_path():
-    """The toolkit of the nvcc on PATH, which may be a wrapper script
-    elsewhere: its own path proves nothing, so ask it for its TOP folder."""
-    nvcc = shutil.which("nvcc")
-    if not nvcc:
-        return None
-    try:
-        out = subprocess.run(
-            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    top = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.M)
-    return Path(top.group(1).strip(), "bin", "nvcc") if top else None
-
-
 def nvcc_candidates(torch_major):
     homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
     out = [Path(h, "bin", "nvcc") for h in homes if h and os.path.isabs(h)]
-    out.append(nvcc_on_path())
+    out.append(shutil.which("nvcc") and Path(shutil.which("nvcc")))
     out += [
         Path(d, "bin", "nvcc") for d in ["/usr/local/cuda", *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
     ]
