@@ -9,11 +9,13 @@ Switches (environment):
   FLASHMLA_PERM_CUDA     unset: the CUDA side where torch has CUDA, its kernels
                          built by an nvcc of torch's CUDA major where one is
                          found (the nvidia-cuda-nvcc wheel's too), else by
-                         torch's NVRTC; 0 (off, false, no): the CPU-only module;
+                         torch's NVRTC, else none (compiled at first use);
+                         0 (off, false, no): the CPU-only module;
                          1 (on, true, yes): the same as unset, but a CPU torch
                          stops the build; nvcc / nvrtc: that compiler for the
                          kernels, or the build stops saying why.
-  TORCH_CUDA_ARCH_LIST   the architectures built at install ("9.0;10.0");
+  FLASHMLA_PERM_CUDA_ARCHS
+                         the architectures built at install ("9.0;10.0");
                          default csrc/build_config.txt's
   CUDA_HOME              where nvcc is looked for first
   FLASHMLA_PERM_SANITIZE e.g. address,undefined: instrument the host code

@@ -153,7 +153,7 @@ class Check:
             env = (
                 {"FLASHMLA_PERM_CUDA": "0"}
                 if self.dry
-                else {"FLASHMLA_PERM_CUDA": "1", "TORCH_CUDA_ARCH_LIST": self.arch}
+                else {"FLASHMLA_PERM_CUDA": "1", "FLASHMLA_PERM_CUDA_ARCHS": self.arch}
             )
             shutil.rmtree(self.work, ignore_errors=True)  # from nothing: the log holds every kernel's ptxas lines
             self.python(

@@ -80,6 +80,21 @@ def _prepare(arch):
         pass
 
 
+def use_vllm_cache():
+    """The kernel cache inside vLLM's, $VLLM_CACHE_ROOT/flashmla_perm, unless
+    FLASHMLA_PERM_CACHE_DIR is set: a deployment that keeps vLLM's cache keeps
+    ours. What went otherwise, in words for a log line, or ""."""
+    if os.environ.get("FLASHMLA_PERM_CACHE_DIR"):
+        return ""
+    import vllm.envs
+
+    root = vllm.envs.VLLM_CACHE_ROOT
+    if not os.path.isabs(root):
+        return f"; VLLM_CACHE_ROOT={root} is not an absolute path: kernel cache in {_ops._C.kernel_cache_dir()}"
+    _ops._C.set_kernel_cache_root(os.path.join(root, "flashmla_perm"))
+    return ""
+
+
 def describe(archs, compiling=()):
     """Where the kernels of `archs` come from, a few words each:
     "sm_100 built at install by nvcc 13.0.88"."""

@@ -7,7 +7,8 @@ ptxas says of them (and gate it).
 
 ``--warm`` makes every architecture's kernels ready on this machine, one line
 each: built at install (nothing to do), found in the kernel cache, or compiled
-by NVRTC now (and cached, with the seconds). Without ``--arch``, the visible
+by NVRTC now (and cached, with the seconds; in vLLM's cache where vLLM is
+installed, as its plugin reads it). Without ``--arch``, the visible
 GPUs' architectures; with it, no GPU is needed (an image builder: one line in
 a Dockerfile). The report compiles every kernel with NVRTC for ``--arch``
 (or reads ptxas's lines in a build's log: ``--log``, the kernels built at
@@ -20,6 +21,7 @@ torch's CUDA wheels bring) for anything it compiles.
 """
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -80,8 +82,13 @@ def visible_archs():
 
 
 def warm(archs):
-    """One line per architecture, as each is ready: where its kernels come from."""
+    """One line per architecture, as each is ready: where its kernels come
+    from. Where vLLM is installed, into its cache, as the plugin reads it."""
     C = native()
+    if importlib.util.find_spec("vllm") is not None:
+        from . import _kernels
+
+        _kernels.use_vllm_cache()
     for arch in archs:
         yield f"{arch}: {C.prepare_kernels(arch)['text']}"
 

@@ -275,28 +275,22 @@ def _kernels_text(info):
 
 
 def _prepare_kernels():
-    """Our kernel cache inside vLLM's ($VLLM_CACHE_ROOT/flashmla_perm, unless
-    FLASHMLA_PERM_CACHE_DIR is set: a deployment that keeps vLLM's cache
-    keeps ours), and the kernels of a GPU the install did not build compiled
-    in the background from now on, off the load's critical path. What it
-    could not do, in words for the log line, or ""."""
+    """Our kernel cache inside vLLM's, and the kernels of a GPU the install
+    did not build compiled in the background from now on, off the load's
+    critical path (docs/design.md, "What a first load sees"). What it could
+    not do, in words for the log line, or ""."""
     import flashmla_perm
 
-    from . import _kernels, _ops
+    from . import _kernels
 
-    if not flashmla_perm.build_info()["cuda"]:
-        return ""
-    said = ""
-    if not os.environ.get("FLASHMLA_PERM_CACHE_DIR"):
-        import vllm.envs
-
-        root = vllm.envs.VLLM_CACHE_ROOT
-        if os.path.isabs(root):
-            _ops._C.set_kernel_cache_root(os.path.join(root, "flashmla_perm"))
-        else:
-            said = f"; VLLM_CACHE_ROOT={root} is not an absolute path: kernel cache in {_ops._C.kernel_cache_dir()}"
-    _kernels.warm_in_background(_kernels.gpu_archs())
-    return said
+    try:
+        if not flashmla_perm.build_info()["cuda"]:
+            return ""
+        said = _kernels.use_vllm_cache()
+        _kernels.warm_in_background(_kernels.gpu_archs())
+        return said
+    except Exception as e:  # noqa: BLE001 -- the routing does not depend on it
+        return f"; the kernels were not prepared ({type(e).__name__}: {e})"
 
 
 def _route(fused_layout):
@@ -379,7 +373,9 @@ def register() -> None:
     """vLLM's general-plugin hook: idempotent, never raises."""
     try:
         why = _why_not()
-        said = "" if why else _prepare_kernels()
+        # Only where there is something to route: other models pay nothing.
+        routes = not why and (FUSED_LAYOUT in sys.modules or _fused_layout_file_exists())
+        said = _prepare_kernels() if routes else ""
         if why:
             line = f"changed nothing: {why}"
         elif FUSED_LAYOUT in sys.modules:

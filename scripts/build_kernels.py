@@ -11,10 +11,13 @@ Writes into OUT_DIR:
 The compiler: an nvcc of torch's CUDA major (CUDA_HOME, CUDA_PATH, the nvcc on
 PATH, /usr/local/cuda*, or the nvidia-cuda-nvcc wheel's under site-packages),
 else NVRTC, torch's own (nvidia-cuda-nvrtc), through a small tool built from
-csrc/cuda/nvrtc.cpp, the code the module compiles with at first use. The
-architectures: TORCH_CUDA_ARCH_LIST ("9.0;10.0"), all of which must build;
-else csrc/build_config.txt's default_cuda_archs, less those the compiler
-cannot target. ptxas's report for every kernel goes to standard output (the
+csrc/cuda/nvrtc.cpp, the code the module compiles with at first use; where
+neither can (--compiler auto), none: the kernels are compiled at first use.
+The architectures: FLASHMLA_PERM_CUDA_ARCHS ("9.0;10.0" or "sm_90 sm_100"),
+all of which must build; else csrc/build_config.txt's default_cuda_archs,
+less those the compiler cannot target. (TORCH_CUDA_ARCH_LIST is not read:
+it is set for other extensions' builds, in their forms, 9.0a or 10.0f.)
+ptxas's report for every kernel goes to standard output (the
 build log: python -m flashmla_perm.nvrtc --gate --log reads it).
 
     python scripts/build_kernels.py OUT_DIR [--compiler auto|nvcc|nvrtc|none]
@@ -26,6 +29,7 @@ import argparse
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -120,10 +124,12 @@ def nvcc_archs(nvcc):
 
 
 def unchanged(path, key):
-    """Whether `path` was made from `key` (its .key file beside it says so);
-    a rebuild of an unchanged source then compiles nothing."""
+    """Whether `path` was made from `key` (its .key file beside it says so,
+    and a cubin's log is there); a rebuild of an unchanged source then
+    compiles nothing."""
     stamp = path.with_name(path.name + ".key")
-    return path.exists() and stamp.exists() and stamp.read_text() == key
+    logged = path.suffix != ".cubin" or path.with_suffix(".log").exists()
+    return path.exists() and logged and stamp.exists() and stamp.read_text() == key
 
 
 def stamp(path, key):
@@ -143,15 +149,21 @@ def kernel_source_key():
     return digest(*((CSRC / n).read_bytes() for n in config()["nvrtc_sources"].split()))
 
 
+class Failed(Exception):
+    """A compiler that cannot build the kernels here, in words."""
+
+
 def build_tool(out, torch_major):
     """The NVRTC compile tool (csrc/cuda/compile_tool.cpp), host compiler only."""
     tool = out / "flashmla_perm_compile"
-    sources = [CSRC / "cuda" / "compile_tool.cpp", CSRC / "cuda" / "nvrtc.cpp"]
-    cxx = os.environ.get("CXX") or "c++"
-    cmd = [cxx, "-std=c++17", "-O1", f"-I{CSRC}", f"-I{out}", f"-DFLASHMLA_PERM_CUDA_MAJOR={torch_major}"]
+    sources = [CSRC / "cuda" / n for n in ("compile_tool.cpp", "nvrtc.cpp", "nvrtc.h", "fnv.h")]
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    cmd = [*cxx, "-std=c++17", "-O1", f"-I{CSRC}", f"-I{out}", f"-DFLASHMLA_PERM_CUDA_MAJOR={torch_major}"]
     key = digest(*cmd, *(p.read_bytes() for p in sources), (out / "nvrtc_sources.h").read_bytes())
     if not unchanged(tool, key):
-        subprocess.run([*cmd, *map(str, sources), "-ldl", "-o", str(tool)], check=True)
+        made = subprocess.run([*cmd, *map(str, sources[:2]), "-ldl", "-o", str(tool)], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise Failed(f"the NVRTC tool did not build: {made.stderr.strip()[-500:]}")
         stamp(tool, key)
     return tool
 
@@ -159,7 +171,7 @@ def build_tool(out, torch_major):
 def nvrtc_archs(tool, torch_lib):
     out = subprocess.run([str(tool), "--supported", "--torch-lib", str(torch_lib)], capture_output=True, text=True)
     if out.returncode != 0:
-        raise RuntimeError(out.stderr.strip() or out.stdout.strip())
+        raise Failed((out.stderr.strip() or out.stdout.strip()).splitlines()[0])
     return {int(n) for n in out.stdout.split()}
 
 
@@ -168,15 +180,14 @@ def nvrtc_archs(tool, torch_lib):
 
 def wanted_archs():
     """(archs as integers like 90 and 103, whether all must build)."""
-    given = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
-    text = given or config()["default_cuda_archs"]
+    given = os.environ.get("FLASHMLA_PERM_CUDA_ARCHS", "").strip()
     archs = []
-    for item in re.split(r"[;\s,]+", text):
-        m = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", item)
+    for item in re.split(r"[;\s,]+", given or config()["default_cuda_archs"]):
+        m = re.fullmatch(r"(\d+)\.(\d)|sm_(\d+)", item)
         if item and not m:
-            raise SystemExit(f"flashmla_perm: TORCH_CUDA_ARCH_LIST: cannot read {item!r} (as in '9.0;10.0')")
+            raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA_ARCHS: cannot read {item!r} (as in '9.0;10.0')")
         if m:
-            archs.append(int(m.group(1)) * 10 + int(m.group(2)))
+            archs.append(int(m.group(3)) if m.group(3) else int(m.group(1)) * 10 + int(m.group(2)))
     return sorted(set(archs)), bool(given)
 
 
@@ -230,65 +241,77 @@ def hash_bytes(data):
 
 
 def build(out, compiler="auto", torch=None):
-    """Everything above; returns (compiler, built archs, the one line)."""
+    """Everything above; returns (compiler, built archs, the one line).
+    `compiler` "auto" takes nvcc, else NVRTC, else none (said in the line);
+    "nvcc" or "nvrtc" that one, or the build stops saying why."""
     import torch as _torch
 
     torch = torch or _torch
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     embed_sources(out)
+    archs, all_must = wanted_archs()
+    tried = []
+    for kind in ("nvcc", "nvrtc") if compiler == "auto" else () if compiler == "none" else (compiler,):
+        try:
+            name, built, skipped = build_with(kind, out, archs, all_must, torch)
+        except Failed as e:
+            if compiler != "auto":
+                raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA={compiler}, but {e}")
+            tried.append(str(e))
+            continue
+        why = f" ({'; '.join(tried)})" if tried else ""
+        built_text = f"sm_{', sm_'.join(map(str, built))}"
+        return kind, built, f"flashmla_perm: kernels built at install by {name}{why} for {built_text}{skipped}"
+    write_images(out, [])
+    why = f" ({'; '.join(tried)})" if tried else ""
+    return None, [], f"flashmla_perm: kernels: none built at install{why}; compiled at first use by NVRTC"
+
+
+def build_with(kind, out, archs, all_must, torch):
+    """(compiler's name, archs built, what it skipped) or Failed."""
     torch_major = int(torch.version.cuda.split(".")[0])
     torch_lib = Path(torch.__file__).parent / "lib"
-    archs, all_must = wanted_archs()
-    if compiler == "none":
-        write_images(out, [])
-        return None, [], "flashmla_perm: kernels: none built at install (compiled at first use by NVRTC)"
-    nvcc, release = (None, "not asked for") if compiler == "nvrtc" else find_nvcc(torch_major)
-    if compiler == "nvcc" and nvcc is None:
-        raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA=nvcc, but {release}")
-    if nvcc:
-        name, supported = f"nvcc {release[2]}", nvcc_archs(nvcc)
+    if kind == "nvcc":
+        nvcc, release = find_nvcc(torch_major)
+        if nvcc is None:
+            raise Failed(release)
+        name, supported, identity = f"nvcc {release[2]}", nvcc_archs(nvcc), nvcc
         run = lambda a, path: compile_nvcc(nvcc, a, path)  # noqa: E731
     else:
         tool = build_tool(out, torch_major)
         supported = nvrtc_archs(tool, torch_lib)
-        name = (
-            "NVRTC "
-            + subprocess.run(
-                [str(tool), "--version", "--torch-lib", str(torch_lib)], capture_output=True, text=True
-            ).stdout.strip()
+        version = subprocess.run(
+            [str(tool), "--version", "--torch-lib", str(torch_lib)], capture_output=True, text=True
         )
+        name, identity = f"NVRTC {version.stdout.strip()}", tool
         run = lambda a, path: compile_nvrtc(tool, torch_lib, a, path)  # noqa: E731
     missing = [a for a in archs if a not in supported]
-    if missing and all_must:
-        raise SystemExit(
-            f"flashmla_perm: {name} cannot build sm_{', sm_'.join(map(str, missing))} (TORCH_CUDA_ARCH_LIST)"
-        )
+    if missing and all_must or not set(archs) - set(missing):
+        raise Failed(f"{name} cannot build sm_{', sm_'.join(map(str, missing))}")
     archs = [a for a in archs if a in supported]
     paths = {a: out / "kernels" / f"sm_{a}.cubin" for a in archs}
-    # A cubin is kept where nothing it is made from changed (its log too:
-    # the build log's gates read every architecture's report).
-    keys = {
-        a: digest(kernel_source_key(), name, nvcc or tool, config()["nvcc_flags"], torch.__version__, a) for a in archs
-    }
+    # A cubin is kept where nothing it is made from changed, its log too
+    # (the build log's gate reads every architecture's report). A stamp goes
+    # before its compile starts: a compile that fails leaves none behind.
+    keys = {a: digest(kernel_source_key(), name, identity, config()["nvcc_flags"], torch.__version__, a) for a in archs}
     todo = [a for a in archs if not unchanged(paths[a], keys[a])]
+    for a in todo:
+        paths[a].with_name(paths[a].name + ".key").unlink(missing_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
         done = dict(zip(todo, pool.map(lambda a: run(a, paths[a]), todo)))
+    for a in todo:
+        if done[a].returncode != 0:
+            print(done[a].stdout + done[a].stderr)
+            raise Failed(f"{name} failed to build the kernels for sm_{a} (its output above)")
     for a in archs:
         log = paths[a].with_suffix(".log")
         if a in done:
-            r = done[a]
-            if r.returncode != 0:
-                print(r.stdout + r.stderr)
-                raise SystemExit(f"flashmla_perm: {name} failed to build the kernels for sm_{a} (its output above)")
-            log.write_text(r.stdout + r.stderr)
+            log.write_text(done[a].stdout + done[a].stderr)
             stamp(paths[a], keys[a])
         print(log.read_text(), end="")
     write_images(out, [(a, name, paths[a]) for a in archs])
-    skipped = f"; {name} cannot build sm_{', sm_'.join(map(str, missing))}" if missing else ""
-    why = "" if nvcc else f" ({release})" if compiler != "nvrtc" else " (FLASHMLA_PERM_CUDA=nvrtc)"
-    line = f"flashmla_perm: kernels built at install by {name}{why} for sm_{', sm_'.join(map(str, archs))}{skipped}"
-    return ("nvcc" if nvcc else "nvrtc"), archs, line
+    return name, archs, f"; {name} cannot build sm_{', sm_'.join(map(str, missing))}" if missing else ""
 
 
 def main():

@@ -276,7 +276,7 @@ MUTANTS = [
       ["tests/test_kernels.py::test_nvrtc_is_looked_for_at_absolute_paths_only"],
       "a relative CUDA_HOME's libnvrtc among the places NVRTC is loaded from",
       needs_cuda_build=True),
-    M("plugin-cache-outside-vllms", "flashmla_perm/vllm_plugin.py",
+    M("plugin-cache-outside-vllms", "flashmla_perm/_kernels.py",
       "_ops._C.set_kernel_cache_root(os.path.join(root, \"flashmla_perm\"))",
       "pass",
       ["tests/test_vllm.py::test_register_puts_the_kernel_cache_inside_vllms"],

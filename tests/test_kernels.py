@@ -94,8 +94,8 @@ def test_build_info_names_what_was_built_at_install():
 @needs_cuda_side
 def test_the_default_build_covers_the_gpus_users_run():
     """sm_80, sm_90, sm_100 and sm_120 (sm_103 where the compiler has it);
-    a build told other architectures (TORCH_CUDA_ARCH_LIST) has those."""
-    if os.environ.get("TORCH_CUDA_ARCH_LIST") or not INFO["kernels"]:
+    a build told other architectures (FLASHMLA_PERM_CUDA_ARCHS) has those."""
+    if os.environ.get("FLASHMLA_PERM_CUDA_ARCHS") or not INFO["kernels"]:
         pytest.skip("a build of chosen architectures, or of none")
     assert {"sm_80", "sm_90", "sm_100", "sm_120"} <= set(INFO["kernels"]), INFO["kernels"]
 
@@ -506,6 +506,7 @@ def test_the_cache_folder_follows_the_environment(tmp_path):
     unset = ("FLASHMLA_PERM_CACHE_DIR", "XDG_CACHE_HOME")
     out = run_python(code, dict(XDG_CACHE_HOME=str(tmp_path)), unset=unset)
     assert out.stdout.strip() == f"{tmp_path}/flashmla_perm", out
+    (tmp_path / "home").mkdir()
     out = run_python(code, dict(XDG_CACHE_HOME="rel/cache", HOME=str(tmp_path / "home")), unset=unset)
     assert out.stdout.strip() == f"{tmp_path}/home/.cache/flashmla_perm", out  # a relative XDG_CACHE_HOME is ignored
     out = run_python(code, dict(FLASHMLA_PERM_CACHE_DIR=str(tmp_path / "x"), XDG_CACHE_HOME=str(tmp_path)))
@@ -625,6 +626,11 @@ def test_the_drivers_constants_are_cuda_hs(tmp_path):
         "kCarveoutMaxShared": "CU_SHAREDMEM_CARVEOUT_MAX_SHARED",
         "kCaptureStatusNone": "CU_STREAM_CAPTURE_STATUS_NONE",
         "kCaptureModeRelaxed": "CU_STREAM_CAPTURE_MODE_RELAXED",
+        "kErrorCaptureImplicit": "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        "kImageErrors[0]": "CUDA_ERROR_INVALID_IMAGE",
+        "kImageErrors[1]": "CUDA_ERROR_NO_BINARY_FOR_GPU",
+        "kImageErrors[2]": "CUDA_ERROR_INVALID_PTX",
+        "kImageErrors[3]": "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
     }
     checks = "\n".join(f'static_assert(flashmla_perm::cuda::{a} == {b}, "{a}");' for a, b in names.items())
     checks += '\nstatic_assert(sizeof(flashmla_perm::cuda::CUdevice) == sizeof(CUdevice), "CUdevice");'

@@ -38,6 +38,7 @@ const Driver& driver() {
     bind(lib, "cuCtxSetCurrent", d.CtxSetCurrent);
     bind(lib, "cuModuleLoadData", d.ModuleLoadData);
     bind(lib, "cuModuleGetFunction", d.ModuleGetFunction);
+    bind(lib, "cuModuleUnload", d.ModuleUnload);
     bind(lib, "cuFuncGetAttribute", d.FuncGetAttribute);
     bind(lib, "cuFuncSetAttribute", d.FuncSetAttribute);
     bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", d.OccupancyMaxActiveBlocksPerMultiprocessor);
@@ -98,7 +99,9 @@ int device_attribute(int device, DeviceAttribute attribute) {
 
 bool capturing(CUstream stream) {
   int status = kCaptureStatusNone;
-  check(driver().StreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  const CUresult r = driver().StreamIsCapturing(stream, &status);
+  if (r == kErrorCaptureImplicit) return true;  // as good as capturing: no blocking work now
+  check(r, "cuStreamIsCapturing");
   return status != kCaptureStatusNone;
 }
 

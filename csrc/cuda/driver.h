@@ -38,6 +38,12 @@ enum FunctionAttribute : int {
 constexpr int kCarveoutMaxShared = 100;      // CU_SHAREDMEM_CARVEOUT_MAX_SHARED
 constexpr int kCaptureStatusNone = 0;        // CU_STREAM_CAPTURE_STATUS_NONE
 constexpr int kCaptureModeRelaxed = 2;       // CU_STREAM_CAPTURE_MODE_RELAXED
+// Errors that say a module's image is not one this driver and GPU run
+// (CU_ERROR_INVALID_IMAGE, _NO_BINARY_FOR_GPU, _INVALID_PTX, _UNSUPPORTED_PTX_VERSION).
+constexpr int kImageErrors[] = {200, 209, 218, 222};
+// The legacy default stream asked while another (blocking) stream captures
+// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+constexpr int kErrorCaptureImplicit = 906;
 
 struct Driver {
   CUresult (*Init)(unsigned);
@@ -48,6 +54,7 @@ struct Driver {
   CUresult (*CtxSetCurrent)(CUcontext);
   CUresult (*ModuleLoadData)(CUmodule*, const void*);
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*ModuleUnload)(CUmodule);
   CUresult (*FuncGetAttribute)(int*, int, CUfunction);
   CUresult (*FuncSetAttribute)(CUfunction, int, int);
   CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);

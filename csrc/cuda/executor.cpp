@@ -68,13 +68,17 @@ static int env_whole_number(const char* name, int lowest, int highest, int unset
 }
 
 DeviceSpec cuda_device_spec(c10::Device device) {
-  // Queried once per device: no driver call on the hot path.
+  // Queried once per device: no driver call on the hot path. The lock is
+  // not held while the kernels load (a first compile takes seconds): other
+  // devices' calls go on meanwhile.
   static std::mutex mu;
   static std::vector<std::pair<int, DeviceSpec>> specs;
   const int index = device.index();
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [i, s] : specs)
-    if (i == index) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [i, s] : specs)
+      if (i == index) return s;
+  }
   const c10::DeviceGuard guard(device);
   load_kernels(device);
   DeviceSpec s;
@@ -95,6 +99,9 @@ DeviceSpec cuda_device_spec(c10::Device device) {
   s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
   s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
   s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [i, found] : specs)
+    if (i == index) return found;  // another thread's, the same
   specs.emplace_back(index, s);
   return s;
 }
@@ -138,13 +145,14 @@ void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
       set_scratch(launches, j, scratch.back().data_ptr<uint8_t>());
     }
   }
+  // The plans' arrays (the kernels read them) outlive this stream's work,
+  // marked before the first launch: one that throws leaves earlier ones queued.
+  const c10::Stream current = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device);
+  for (const at::Tensor& a : arrays) const_cast<at::Tensor&>(a).record_stream(current);
   const cuda::ContextGuard context(device.index());
   for (const std::vector<Launch>& launches : groups)
     for (const Launch& l : launches)
       if (l.tiles > 0) cuda::launch(device.index(), l, stream);
-  // The plans' arrays (the kernels read them) outlive this stream's work.
-  const c10::Stream current = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device);
-  for (const at::Tensor& a : arrays) const_cast<at::Tensor&>(a).record_stream(current);
 }
 
 }  // namespace flashmla_perm

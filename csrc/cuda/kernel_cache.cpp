@@ -2,11 +2,11 @@
 
 #include <fcntl.h>
 #include <pwd.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "cuda/fnv.h"
 
@@ -88,19 +89,23 @@ struct Fd {
 // The folder of entries (root()/nvrtc), opened once and checked through its
 // descriptor; every entry is then opened relative to it, so nothing can be
 // swapped in by a path between the check and the use. Missing folders are
-// created with mode 0700. -1 and why where it cannot be used.
-int open_folder(std::string& folder, std::string& why) {
+// created with mode 0700 (`create`: else a missing one is no cache). The
+// /tmp fallback is opened without following a link: anyone may have made
+// its name. -1 and why where it cannot be used.
+int open_folder(std::string& folder, std::string& why, bool create = true) {
   const std::string top = root();
-  for (size_t i = 1; i <= top.size(); ++i)
-    if (i == top.size() || top[i] == '/') ::mkdir(top.substr(0, i).c_str(), 0700);
-  Fd dir(::open(top.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (create)
+    for (size_t i = 1; i <= top.size(); ++i)
+      if (i == top.size() || top[i] == '/') ::mkdir(top.substr(0, i).c_str(), 0700);
+  const bool shared_tmp = top.rfind("/tmp/flashmla_perm-", 0) == 0;
+  Fd dir(::open(top.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | (shared_tmp ? O_NOFOLLOW : 0)));
   if (dir.fd < 0) {
     why = why_errno(top + " cannot be opened");
     return -1;
   }
   if (!trusted(dir.fd, true, why, top)) return -1;
   folder = top + "/nvrtc";
-  ::mkdirat(dir.fd, "nvrtc", 0700);
+  if (create) ::mkdirat(dir.fd, "nvrtc", 0700);
   const int sub = ::openat(dir.fd, "nvrtc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (sub < 0) {
     why = why_errno(folder + " cannot be opened");
@@ -183,28 +188,40 @@ bool write_entry(int dir, const std::string& name, const std::string& key, const
   return true;
 }
 
-// The entry's lock, held while the descriptor is open: flock, which the
-// kernel releases when its holder dies. Refused, like an entry, unless it
-// is this user's regular file that no one else may write to.
+// The entry's lock, held while the descriptor is open: a POSIX record lock
+// (fcntl), which the kernel releases when its holder dies and which, unlike
+// flock, a forked child does not hold on. Refused, like an entry, unless it
+// is this user's regular file that no one else may write to. A holder that
+// keeps it past kLockWait (a stopped process) is given up on: compiled
+// without it.
+constexpr auto kLockWait = std::chrono::minutes(10);
+
 int take_lock(int dir, const std::string& name, std::string& why) {
   const std::string lock_name = name + ".lock";
-  const int fd = ::openat(dir, lock_name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  Fd fd(::openat(dir, lock_name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.fd < 0) {
     why = why_errno("cannot open the lock " + lock_name);
     return -1;
   }
-  if (!trusted(fd, false, why, lock_name)) {
-    ::close(fd);
-    return -1;
-  }
-  while (::flock(fd, LOCK_EX) != 0) {
-    if (errno != EINTR) {
+  if (!trusted(fd.fd, false, why, lock_name)) return -1;
+  struct flock whole = {};
+  whole.l_type = F_WRLCK;
+  whole.l_whence = SEEK_SET;
+  const auto until = std::chrono::steady_clock::now() + kLockWait;
+  while (::fcntl(fd.fd, F_SETLK, &whole) != 0) {
+    if (errno != EACCES && errno != EAGAIN && errno != EINTR) {
       why = why_errno("cannot lock " + lock_name);
-      ::close(fd);
       return -1;
     }
+    if (std::chrono::steady_clock::now() > until) {
+      why = lock_name + " was held past 10 minutes";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return fd;
+  const int held = fd.fd;
+  fd.fd = -1;
+  return held;
 }
 
 Entry compiled_entry(const std::function<Compiled()>& compile) {
@@ -234,9 +251,10 @@ std::string root() {
   }
   if (const std::string xdg = absolute_or_empty(std::getenv("XDG_CACHE_HOME")); !xdg.empty())
     return xdg + "/flashmla_perm";
-  std::string home = absolute_or_empty(std::getenv("HOME"));
-  if (home.empty()) home = password_home();
-  if (!home.empty()) return home + "/.cache/flashmla_perm";
+  // A home this user may write in (HOME, else the password database's): a
+  // container that runs under an arbitrary uid may give it HOME=/.
+  for (const std::string& home : {absolute_or_empty(std::getenv("HOME")), password_home()})
+    if (!home.empty() && ::access(home.c_str(), W_OK) == 0) return home + "/.cache/flashmla_perm";
   return "/tmp/flashmla_perm-" + std::to_string(::geteuid());
 }
 
@@ -269,7 +287,7 @@ Entry get(const std::string& arch, const std::string& key, const std::function<C
 
 std::string find(const std::string& arch, const std::string& key) {
   std::string folder, why, cubin;
-  Fd dir(open_folder(folder, why));
+  Fd dir(open_folder(folder, why, false));
   const std::string name = entry_name(arch, key);
   return dir.fd >= 0 && read_entry(dir.fd, name, key, cubin) ? folder + "/" + name : "";
 }

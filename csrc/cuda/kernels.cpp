@@ -146,20 +146,31 @@ Loaded loaded_on(int device) {
   return it->second;
 }
 
-// Loads `r`'s cubin into the current context; the driver's error, if any.
+// Loads `r`'s cubin into the current context and finds its kernels; the
+// first error of the driver's, if any, with nothing left loaded.
 CUresult load_module(const Ready& r, Loaded& l) {
   const RelaxedCapture relaxed;  // a module load must not end another thread's capture
-  const CUresult e = driver().ModuleLoadData(&l.module, r.cubin);
-  if (e != 0) return e;
-  for (int i = 0; i < kNumFunctions; ++i) {
-    check(driver().ModuleGetFunction(&l.functions[i], l.module, kKernelNames[i]), "cuModuleGetFunction");
+  CUresult e = driver().ModuleLoadData(&l.module, r.cubin);
+  // (Lazy loading, the default since CUDA 12.2, may refuse an image only here.)
+  for (int i = 0; i < kNumFunctions && e == 0; ++i) {
+    e = driver().ModuleGetFunction(&l.functions[i], l.module, kKernelNames[i]);
     // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
     // 33 KiB), not the driver's guess: ask for the largest carveout.
-    check(driver().FuncSetAttribute(l.functions[i], kPreferredSharedMemoryCarveout, kCarveoutMaxShared),
-          "cuFuncSetAttribute");
+    if (e == 0)
+      e = driver().FuncSetAttribute(l.functions[i], kPreferredSharedMemoryCarveout, kCarveoutMaxShared);
   }
-  l.origin = r.origin.text;
-  return 0;
+  if (e != 0 && l.module) {
+    driver().ModuleUnload(l.module);
+    l = Loaded{};
+  }
+  if (e == 0) l.origin = r.origin.text;
+  return e;
+}
+
+bool image_refused(CUresult e) {
+  for (const int refused : kImageErrors)
+    if (e == refused) return true;
+  return false;
 }
 
 }  // namespace
@@ -231,7 +242,7 @@ void load(int device) {
   std::shared_ptr<const Ready> r = ready(major, minor);
   Loaded l;
   CUresult e = load_module(*r, l);
-  if (e != 0 && r->origin.kind == "install") {
+  if (image_refused(e) && r->origin.kind == "install") {
     // A driver older than the compiler that built the install image may
     // refuse it: NVRTC of torch's CUDA, which this driver runs, compiles them.
     const char* text = nullptr;
