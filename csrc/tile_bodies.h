@@ -106,15 +106,31 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type load_vec(const uint8_t* p) {
   return *reinterpret_cast<const typename VecOf<V>::type*>(p);
 }
 
+// A flag known when the code is compiled: a body instantiated for each
+// value compiles only the branches that value takes.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+  FLASHMLA_PERM_HOST_DEVICE constexpr operator bool() const { return B; }
+};
+
 // The V bytes at byte b (a multiple of V) of a gathered row: destination
 // chunk j of the row comes from row + offset[j], chunks of 1 << shift bytes.
-// Chunks narrower than V (the per-32-column scales: 1 byte) are assembled
-// into one vector, so the store is still V bytes wide.
+// Two forms, so that each call site compiles only the one it can take:
+// chunks at least V wide (one load), and chunks narrower than V (the
+// per-32-column scales: 1 byte), which are assembled into one vector, so
+// the store is still V bytes wide.
 template <int V>
-FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const int32_t* offset, int shift,
-                                                      int64_t b) {
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_whole(const uint8_t* row, const int32_t* offset, int shift,
+                                                        int64_t b) {
+  return load_vec<V>(row + offset[b >> shift] + (b & ((int64_t{1} << shift) - 1)));
+}
+
+template <int V>
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_pieces(const uint8_t* row, const int32_t* offset, int shift,
+                                                         int64_t b) {
+  static_assert(V > 1, "no chunk is under 1 byte");
   using T = typename VecOf<V>::type;
-  if ((1 << shift) >= V) return load_vec<V>(row + offset[b >> shift] + (b & ((int64_t{1} << shift) - 1)));
   T v;
   const int32_t* off = offset + (b >> shift);
   auto pieces = [&](auto piece) {
@@ -170,6 +186,11 @@ struct FastDiv {
   }
 };
 
+// What a caller knows of the Lines it offsets into: that each has one dim,
+// or nothing (Lines::offset).
+struct OneDim {};
+struct AnyDims {};
+
 // Parallel contexts: item i < total is V bytes; addr(i, buf, src) says where
 // it goes in the tile buffer and where it comes from. All items are staged
 // before anyone waits, so the whole tile is in flight at once.
@@ -183,33 +204,38 @@ FLASHMLA_PERM_BODY void stage_items(Ctx& ctx, uint32_t total, Addr addr) {
   }
 }
 
-// Parallel contexts: item i < total stores value(i, dst) (V bytes) at dst.
-// Each thread reads Batch values before it stores them (a value assembled
-// from pieces already has V / piece loads in flight: Batch 1), then takes
-// what is left below Batch one at a time. Whole batches only: a batch with
-// an `if` on each item left each value defined on some paths only, which
-// ptxas keeps live from the kernel's entry, every inlined copy at once
-// (sm_100's build, from the newer NVVM, took 180-244 registers per thread;
-// sm_90's 72-92).
+// Parallel contexts: item i < total stores value(i, dst, dims) (V bytes) at
+// dst. Each thread reads Batch values before it stores them (a value
+// assembled from pieces already has V / piece loads in flight: Batch 1),
+// then takes what is left below Batch one at a time. Whole batches only: a
+// batch with an `if` on each item left each value defined on some paths
+// only, which ptxas keeps live from the kernel's entry, every inlined copy
+// at once (sm_100's build, from the newer NVVM, took 180-244 registers per
+// thread; sm_90's 72-92). Batches only where one_dim (every Lines the
+// values use has one dim), whose values get OneDim{} and skip Lines::offset's
+// multi-dim path: inlined at each of a batch's items, that path was most of
+// the kernels' code. Items one at a time get AnyDims{}.
 template <int V, int Batch = kBatch, class Ctx, class Value>
-FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, Value value) {
+FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, bool one_dim, Value value) {
   using T = typename VecOf<V>::type;
   const uint32_t stride = ctx.num_threads();
   uint32_t base = ctx.thread();
-  for (; base + (Batch - 1) * stride < total; base += Batch * stride) {
-    T v[Batch];
-    uint8_t* d[Batch];
-    FLASHMLA_PERM_UNROLL
-    for (int u = 0; u < Batch; ++u) v[u] = value(base + u * stride, d[u]);
-    FLASHMLA_PERM_UNROLL
-    for (int u = 0; u < Batch; ++u) {
-      FLASHMLA_PERM_VECTOR_ACCESS(d[u], V, true);
-      *reinterpret_cast<T*>(d[u]) = v[u];
+  if constexpr (Batch > 1) {
+    for (; one_dim && base + (Batch - 1) * stride < total; base += Batch * stride) {
+      T v[Batch];
+      uint8_t* d[Batch];
+      FLASHMLA_PERM_UNROLL
+      for (int u = 0; u < Batch; ++u) v[u] = value(base + u * stride, d[u], OneDim{});
+      FLASHMLA_PERM_UNROLL
+      for (int u = 0; u < Batch; ++u) {
+        FLASHMLA_PERM_VECTOR_ACCESS(d[u], V, true);
+        *reinterpret_cast<T*>(d[u]) = v[u];
+      }
     }
   }
   for (; base < total; base += stride) {
     uint8_t* d;
-    const T v = value(base, d);
+    const T v = value(base, d, AnyDims{});
     FLASHMLA_PERM_VECTOR_ACCESS(d, V, true);
     *reinterpret_cast<T*>(d) = v;
   }
@@ -258,6 +284,9 @@ struct Lines {
     }
     return off;
   }
+  // offset(line), where the caller knows whether dims == 1 (store_items).
+  FLASHMLA_PERM_HOST_DEVICE int64_t offset(int64_t line, OneDim) const { return line * pitch[0]; }
+  FLASHMLA_PERM_HOST_DEVICE int64_t offset(int64_t line, AnyDims) const { return offset(line); }
 };
 
 // One thread: nl lines of `width` bytes, line l from src + src_at.offset(l0 + l)
@@ -382,12 +411,13 @@ FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t til
     const uint32_t per_line = static_cast<uint32_t>(g.width / V);
     const FastDiv by_line = g.width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
     const int64_t sbytes = p.line_bytes;
-    store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, [&](uint32_t i, uint8_t*& d) {
-      const uint32_t l = by_line.div(i);
-      const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
-      d = dst + l * sbytes + c;
-      return load_vec<V>(src + p.line_at.offset(g.line0 + l) + c);
-    });
+    store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, p.line_at.dims == 1,
+                   [&](uint32_t i, uint8_t*& d, auto dims) {
+                     const uint32_t l = by_line.div(i);
+                     const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
+                     d = dst + l * sbytes + c;
+                     return load_vec<V>(src + p.line_at.offset(g.line0 + l, dims) + c);
+                   });
   }
 }
 
@@ -717,8 +747,12 @@ struct ColJob {
 // Short runs come only in staged GPU tiles, whose rows fit a tile buffer
 // (gpu_cols_staged_fit): 32-bit digits by a FastDiv, no 64-bit divide
 // subroutine (which spilled on sm_100) and no 32-bit divide.
+FLASHMLA_PERM_HOST_DEVICE int64_t col_run_byte_at(const ColJob& p, int64_t b);
 FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, int64_t b) {
-  if (p.run == p.row_bytes) return b;
+  return p.run == p.row_bytes ? b : col_run_byte_at(p, b);
+}
+// The same for short runs (run < row_bytes).
+FLASHMLA_PERM_HOST_DEVICE int64_t col_run_byte_at(const ColJob& p, int64_t b) {
   const uint32_t i = static_cast<uint32_t>(b), run = static_cast<uint32_t>(p.run);
   const uint32_t k = p.run_div.div(i);
   return static_cast<int64_t>(k) * p.run_pitch + (i - k * run);
@@ -807,9 +841,9 @@ FLASHMLA_PERM_BODY void col_gathered_stage(Ctx& ctx, const ColJob& p, const Gath
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_gathered_store(Ctx& ctx, const ColJob& p, const GatheredSlice& g,
                                            const uint8_t* buf) {
-  store_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
+  store_items<V>(ctx, g.nrows * g.per_row, p.dst_rows.dims == 1, [&](uint32_t i, uint8_t*& d, auto dims) {
     const uint32_t r = g.div.div(i);
-    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
+    d = p.dst + p.dst_rows.offset(g.r0 + r, dims) + g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
     return load_vec<V>(buf + static_cast<int64_t>(i) * V);
   });
 }
@@ -879,7 +913,7 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     // are (the words of an MN-major scale), so r goes fastest.
     const bool rows_fastest = p.run < rb;
     const FastDiv div = tile + 1 == p.tiles ? p.items_div[1] : p.items_div[0];
-    auto split = [&](uint32_t i, uint32_t& r, int64_t& b) {
+    auto split = [&](uint32_t i, uint32_t& r, int64_t& b, bool rows_fastest) {
       const uint32_t q = div.div(i);
       uint32_t k;
       if (rows_fastest) {
@@ -894,7 +928,7 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     stage_items<V>(ctx, nrows * per_row, [&](uint32_t i, uint8_t*& d, const uint8_t*& s) {
       uint32_t r;
       int64_t b;
-      split(i, r, b);
+      split(i, r, b, rows_fastest);
       d = buf + r * bp + b;
       s = p.src + p.src_rows.offset(r0 + r) + col_byte_at(p, b);
     });
@@ -902,17 +936,29 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     ctx.sync();
     const int32_t* offset = p.source_offset;
     const int shift = p.chunk_shift;
-    auto gathered = [&](uint32_t i, uint8_t*& d) {
-      uint32_t r;
-      int64_t b;
-      split(i, r, b);
-      d = p.dst + p.dst_rows.offset(r0 + r) + col_byte_at(p, b);
-      return gather_vec<V>(buf + r * bp, offset, shift, b);
+    // whole: chunks at least V wide (gather_whole), else gather_pieces. The
+    // batched loops take rows_fastest as a Flag: a runtime one there let
+    // the compiler compute both forms of each item's address, 20 more
+    // instructions a batch (sm_90).
+    auto gathered = [&](auto whole, auto fastest) {
+      return [&, fastest](uint32_t i, uint8_t*& d, auto dims) {
+        uint32_t r;
+        int64_t b;
+        split(i, r, b, fastest);
+        d = p.dst + p.dst_rows.offset(r0 + r, dims) + (fastest ? col_run_byte_at(p, b) : b);
+        if constexpr (decltype(whole)::value)
+          return gather_whole<V>(buf + r * bp, offset, shift, b);
+        else
+          return gather_pieces<V>(buf + r * bp, offset, shift, b);
+      };
     };
-    if ((1 << shift) >= V)
-      store_items<V>(ctx, nrows * per_row, gathered);
+    const bool one_dim = p.dst_rows.dims == 1;
+    if (V > 1 && (1 << shift) < V)  // (no chunk is under 1 byte)
+      store_items<V, 1>(ctx, nrows * per_row, false, gathered(Flag<V == 1>{}, rows_fastest));
+    else if (rows_fastest)
+      store_items<V>(ctx, nrows * per_row, one_dim, gathered(Flag<true>{}, Flag<true>{}));
     else
-      store_items<V, 1>(ctx, nrows * per_row, gathered);
+      store_items<V>(ctx, nrows * per_row, one_dim, gathered(Flag<true>{}, Flag<false>{}));
     ctx.sync();  // the next tile reuses the buffer
   }
 }
@@ -960,14 +1006,16 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     col_gathered_slice<V>(ctx, p, g, buf);
     return;
   }
-  const int32_t* offset = p.source_offset;
-  const int shift = p.chunk_shift;
-  store_items<V, 1>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
-    const uint32_t r = g.div.div(i);
-    const int64_t c = static_cast<int64_t>(i - r * g.per_row) * V;
-    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + c;
-    return gather_vec<V>(p.src + p.src_rows.offset(g.r0 + r), offset, shift, g.b0 + c);
-  });
+  if constexpr (V > 1) {  // chunks narrower than V (none is under 1 byte)
+    const int32_t* offset = p.source_offset;
+    const int shift = p.chunk_shift;
+    store_items<V, 1>(ctx, g.nrows * g.per_row, false, [&](uint32_t i, uint8_t*& d, AnyDims) {
+      const uint32_t r = g.div.div(i);
+      const int64_t c = static_cast<int64_t>(i - r * g.per_row) * V;
+      d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + c;
+      return gather_pieces<V>(p.src + p.src_rows.offset(g.r0 + r), offset, shift, g.b0 + c);
+    });
+  }
 }
 
 // Half of a direct tile that gathers in its stage loop at V = 16 (the
