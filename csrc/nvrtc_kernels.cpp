@@ -490,8 +490,8 @@ void launch_kernel(int device, const Launch& l, void* stream) {
   const Loaded loaded = loaded_on(device);
   const unsigned grid = static_cast<unsigned>(l.grid), block = static_cast<unsigned>(l.threads);
   CUfunction f;
-  Jobs<ColJob> cols{{l.cols[0], l.cols[1]}, l.num_jobs};
-  Jobs<RowJob> rows{{l.rows[0], l.rows[1]}, l.num_jobs};
+  Jobs<ColJob> cols = col_jobs(l);
+  Jobs<RowJob> rows = row_jobs(l);
   void* args[1];
   unsigned smem = static_cast<unsigned>(l.smem_bytes);
   if (l.kernel == Kernel::kCols) {
