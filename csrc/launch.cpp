@@ -126,11 +126,40 @@ void set_two_stages(Launch& l, const DeviceSpec& dev) {
   l.stages = 2;
 }
 
+// A tile's cost beyond its bytes, in bytes: its round trip. A CTA's share of
+// the copy bandwidth moves about 23 KB in one memory latency (device/model.py's
+// figures fitted to an H200: 4.07 TB/s, 4.55 us, over 132 SMs of 6 CTAs), and
+// every tile, however small, waits at least one.
+constexpr int64_t kTileRoundTripBytes = 16 * 1024;
+
+// The CTAs of job 0 in a grid of `grid` (CTAs [0, first) run job 0's tiles,
+// the rest job 1's: device_launch.h cta_tiles). In proportion to each job's
+// work, counted as its bytes plus a round trip per tile, so that the busiest
+// CTA of either job has about the work each had when every CTA took tiles of
+// both jobs in turn. By bytes alone a scale's many small tiles would queue on
+// a few CTAs (wq_b at TP2: 496 tiles of at most 1.25 KiB on 28 CTAs); by
+// tiles alone a weight beside as many scale tiles would get half the grid.
+// Each job with tiles gets a CTA, and none more CTAs than tiles (a CTA
+// without a tile would hold its place on an SM for nothing).
+int64_t split_grid(const Launch& l, int64_t grid) {
+  if (l.num_jobs < 2) return grid;
+  const int64_t t0 = l.job_tiles(0), t1 = l.job_tiles(1);
+  const int64_t w0 = l.bytes[0] + t0 * kTileRoundTripBytes, w1 = l.bytes[1] + t1 * kTileRoundTripBytes;
+  int64_t first = w0 + w1 > 0 ? static_cast<int64_t>(static_cast<double>(grid) * w0 / (w0 + w1) + 0.5) : grid;
+  first = std::min(first, std::min(t0, grid - (t1 > 0 ? 1 : 0)));
+  return std::max(first, std::max<int64_t>(t0 > 0 ? 1 : 0, grid - t1));
+}
+
 void finish(Launch& l, const DeviceSpec& dev) {
   l.tiles = 0;
-  for (int j = 0; j < l.num_jobs; ++j) l.tiles += l.job_tiles(j);
+  int busy = 0;  // jobs with tiles: each needs a CTA of its own
+  for (int j = 0; j < l.num_jobs; ++j) {
+    l.tiles += l.job_tiles(j);
+    busy += l.job_tiles(j) > 0;
+  }
   l.ctas_per_sm = ctas_per_sm(dev, l.kernel, l.threads, l.smem_bytes);
-  l.grid = std::min<int64_t>(l.tiles, int64_t{dev.sm_count} * l.ctas_per_sm);
+  l.grid = std::max<int64_t>(busy, std::min<int64_t>(l.tiles, int64_t{dev.sm_count} * l.ctas_per_sm));
+  l.first_ctas = split_grid(l, l.grid);
 }
 
 }  // namespace
@@ -168,6 +197,7 @@ Lines lines_1d(int64_t count, int64_t pitch) {
   at.dims = 1;
   at.size[0] = count;
   at.pitch[0] = pitch;
+  set_line_divs(at);
   return at;
 }
 
@@ -189,11 +219,21 @@ int64_t Launch::job_tiles(int j) const {
   return kernel == Kernel::kRows ? rows[j].tiles : rows[j].head_tiles;
 }
 
-int Launch::vec(int j) const { return kernel == Kernel::kCols ? cols[j].vec : rows[j].vec; }
-
-int64_t Launch::stage_bytes() const {
-  return kernel == Kernel::kCols ? cols[0].stage_bytes : rows[0].stage_bytes;
+Jobs<RowJob> row_jobs(const Launch& l) {
+  Jobs<RowJob> p{};
+  for (int j = 0; j < l.num_jobs; ++j) p.job[j] = l.rows[j];
+  p.first_ctas = static_cast<uint32_t>(l.first_ctas);
+  return p;
 }
+
+Jobs<ColJob> col_jobs(const Launch& l) {
+  Jobs<ColJob> p{};
+  for (int j = 0; j < l.num_jobs; ++j) p.job[j] = l.cols[j];
+  p.first_ctas = static_cast<uint32_t>(l.first_ctas);
+  return p;
+}
+
+int Launch::vec(int j) const { return kernel == Kernel::kCols ? cols[j].vec : rows[j].vec; }
 
 void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch) {
   for (Launch& l : launches)

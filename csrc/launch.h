@@ -94,8 +94,9 @@ struct ColView {
 ColView col_rows(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t src_row_stride,
                  int64_t dst_row_stride, int64_t row_bytes);
 
-// One kernel launch: up to kMaxJobs jobs whose tiles share one grid (tile t
-// belongs to the first job while t < its tile count, then to the next).
+// One kernel launch: up to kMaxJobs jobs sharing one grid, each CTA one
+// job's: CTAs [0, first_ctas) job 0's tiles, the rest job 1's
+// (device_launch.h cta_tiles; split_grid in launch.cpp says how many).
 struct Launch {
   Kernel kernel = Kernel::kRows;
   int num_jobs = 0;
@@ -112,10 +113,15 @@ struct Launch {
   int stages = 1;  // tile buffers per CTA cycles through (2: two_stage_loop, the jobs' stage_bytes apart)
   int ctas_per_sm = 0;
   int64_t grid = 0;
+  int64_t first_ctas = 0;  // CTAs of job 0 (grid where one job)
   int64_t job_tiles(int j) const;
   int vec(int j) const;
-  int64_t stage_bytes() const;  // two stages: bytes from one tile buffer to the other
 };
+
+// The kernels' parameter for a launch (csrc/cuda/kernels.cu): what the CUDA
+// launcher passes, and what the host harness runs.
+Jobs<RowJob> row_jobs(const Launch& l);  // kRows, kSaveHeads
+Jobs<ColJob> col_jobs(const Launch& l);  // kCols
 
 // A row job's slices: slice_lines x slice_bytes, the tile counts across a
 // unit, and the divisors of its items' digits. p.vec must divide slice_bytes.

@@ -52,6 +52,7 @@ SplitLines split_lines(const std::vector<Dim>& dims, int64_t max_mixed) {
     s.at.size[i] = dims[i].size;
     s.at.pitch[i] = dims[i].pitch;
   }
+  set_line_divs(s.at);
   const int64_t inner = inner_lines(kept);
   const int64_t outer = kept > 0 ? dims[kept - 1].size : 1;
   const int64_t outer_pitch = kept > 0 ? dims[kept - 1].pitch : 0;

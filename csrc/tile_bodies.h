@@ -106,15 +106,32 @@ FLASHMLA_PERM_BODY typename VecOf<V>::type load_vec(const uint8_t* p) {
   return *reinterpret_cast<const typename VecOf<V>::type*>(p);
 }
 
+// A flag known when the code is compiled: a body instantiated for each
+// value compiles only the branches that value takes.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+  FLASHMLA_PERM_HOST_DEVICE constexpr operator bool() const { return B; }
+};
+
 // The V bytes at byte b (a multiple of V) of a gathered row: destination
 // chunk j of the row comes from row + offset[j], chunks of 1 << shift bytes.
-// Chunks narrower than V (the per-32-column scales: 1 byte) are assembled
-// into one vector, so the store is still V bytes wide.
-template <int V>
-FLASHMLA_PERM_BODY typename VecOf<V>::type gather_vec(const uint8_t* row, const int32_t* offset, int shift,
-                                                      int64_t b) {
+// Two forms, so that each call site compiles only the one it can take:
+// chunks at least V wide (one load), and chunks narrower than V (the
+// per-32-column scales: 1 byte), which are assembled into one vector, so
+// the store is still V bytes wide.
+// B: the byte index's type (uint32_t where the row fits a tile buffer).
+template <int V, class B>
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_whole(const uint8_t* row, const int32_t* offset, int shift,
+                                                        B b) {
+  return load_vec<V>(row + offset[b >> shift] + (b & ((B{1} << shift) - 1)));
+}
+
+template <int V, class B>
+FLASHMLA_PERM_BODY typename VecOf<V>::type gather_pieces(const uint8_t* row, const int32_t* offset, int shift,
+                                                         B b) {
+  static_assert(V > 1, "no chunk is under 1 byte");
   using T = typename VecOf<V>::type;
-  if ((1 << shift) >= V) return load_vec<V>(row + offset[b >> shift] + (b & ((int64_t{1} << shift) - 1)));
   T v;
   const int32_t* off = offset + (b >> shift);
   auto pieces = [&](auto piece) {
@@ -166,9 +183,26 @@ struct FastDiv {
     m = static_cast<uint32_t>(((uint64_t{1} << shift) + d - 1) / d);
   }
   FLASHMLA_PERM_HOST_DEVICE uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    // One 32 x 32 -> 64 multiply and one shift, the quotient 32 bits. From
+    // C++ the product was a 64 x 64 one (both factors zero-extended where
+    // NVVM no longer saw it), two instructions more, and the quotient's
+    // callers kept its 64-bit shift and masked it.
+    uint32_t q;
+    asm("{\n\t.reg .b64 t;\n\tmul.wide.u32 t, %1, %2;\n\tshr.b64 t, t, %3;\n\tcvt.u32.u64 %0, t;\n\t}"
+        : "=r"(q)
+        : "r"(n), "r"(m), "r"(shift));
+    return q;
+#else
     return static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> shift);
+#endif
   }
 };
+
+// What a caller knows of the Lines it offsets into: that each has one dim,
+// or nothing (LinesFrom::line).
+struct OneDim {};
+struct AnyDims {};
 
 // Parallel contexts: item i < total is V bytes; addr(i, buf, src) says where
 // it goes in the tile buffer and where it comes from. All items are staged
@@ -183,33 +217,45 @@ FLASHMLA_PERM_BODY void stage_items(Ctx& ctx, uint32_t total, Addr addr) {
   }
 }
 
-// Parallel contexts: item i < total stores value(i, dst) (V bytes) at dst.
-// Each thread reads Batch values before it stores them (a value assembled
-// from pieces already has V / piece loads in flight: Batch 1), then takes
-// what is left below Batch one at a time. Whole batches only: a batch with
-// an `if` on each item left each value defined on some paths only, which
-// ptxas keeps live from the kernel's entry, every inlined copy at once
-// (sm_100's build, from the newer NVVM, took 180-244 registers per thread;
-// sm_90's 72-92).
+// Parallel contexts: item i < total stores value(i, dst, dims) (V bytes) at
+// dst. Each thread reads Batch values before it stores them (a value
+// assembled from pieces already has V / piece loads in flight: Batch 1),
+// then takes what is left below Batch one at a time. Whole batches only: a
+// batch with an `if` on each item left each value defined on some paths
+// only, which ptxas keeps live from the kernel's entry, every inlined copy
+// at once (sm_100's build, from the newer NVVM, took 180-244 registers per
+// thread; sm_90's 72-92). Batches only where one_dim (every Lines the
+// values use has one dim), whose values get OneDim{} and skip Lines::offset's
+// multi-dim path: inlined at each of a batch's items, that path was most of
+// the kernels' code. Items one at a time get AnyDims{}.
 template <int V, int Batch = kBatch, class Ctx, class Value>
-FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, Value value) {
+FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, bool one_dim, Value value) {
   using T = typename VecOf<V>::type;
   const uint32_t stride = ctx.num_threads();
   uint32_t base = ctx.thread();
-  for (; base + (Batch - 1) * stride < total; base += Batch * stride) {
-    T v[Batch];
-    uint8_t* d[Batch];
-    FLASHMLA_PERM_UNROLL
-    for (int u = 0; u < Batch; ++u) v[u] = value(base + u * stride, d[u]);
-    FLASHMLA_PERM_UNROLL
-    for (int u = 0; u < Batch; ++u) {
-      FLASHMLA_PERM_VECTOR_ACCESS(d[u], V, true);
-      *reinterpret_cast<T*>(d[u]) = v[u];
+  if constexpr (Batch > 1) {
+    for (; one_dim && base + (Batch - 1) * stride < total; base += Batch * stride) {
+      T v[Batch];
+      uint8_t* d[Batch];
+      FLASHMLA_PERM_UNROLL
+      for (int u = 0; u < Batch; ++u) v[u] = value(base + u * stride, d[u], OneDim{});
+      FLASHMLA_PERM_UNROLL
+      for (int u = 0; u < Batch; ++u) {
+        FLASHMLA_PERM_VECTOR_ACCESS(d[u], V, true);
+        *reinterpret_cast<T*>(d[u]) = v[u];
+      }
+    }
+  } else {
+    for (; one_dim && base < total; base += stride) {  // one at a time, OneDim where it may
+      uint8_t* d;
+      const T v = value(base, d, OneDim{});
+      FLASHMLA_PERM_VECTOR_ACCESS(d, V, true);
+      *reinterpret_cast<T*>(d) = v;
     }
   }
   for (; base < total; base += stride) {
     uint8_t* d;
-    const T v = value(base, d);
+    const T v = value(base, d, AnyDims{});
     FLASHMLA_PERM_VECTOR_ACCESS(d, V, true);
     *reinterpret_cast<T*>(d) = v;
   }
@@ -231,32 +277,59 @@ FLASHMLA_PERM_BODY void copy_rect_serial(uint8_t* dst, int64_t dst_pitch, const 
 // kMaxLineDims dims, inner first (a unit's lines, or a column job's rows, in
 // any strided layout). One dim is the common case and costs one multiply.
 // With more, the set holds fewer than kMaxMixedLines lines (csrc/strided.cpp
-// cuts bigger ones into several), so the digits come from 32-bit divisions:
-// a 64-bit divide is a long subroutine on the GPU, which spilled registers.
+// cuts bigger ones into several), so the digits are 32-bit, each by a
+// FastDiv the host sets up (set_line_divs): a divide by a runtime divisor is
+// about 20 instructions on the GPU (a 64-bit one a subroutine, which spilled
+// registers). The dims from the outermost on divide by 2^31, which leaves
+// the whole rest as the digit: every set takes the same steps, no branch.
 constexpr int kMaxLineDims = 4;
 constexpr int64_t kMaxMixedLines = int64_t{1} << 31;
 struct Lines {
   int dims;                      // 1 .. kMaxLineDims
   int64_t size[kMaxLineDims];    // lines along each dim (the outermost may be anything)
   int64_t pitch[kMaxLineDims];   // bytes between neighbours along each dim
+  FastDiv by_size[kMaxLineDims - 1];  // by size[i] for i + 1 < dims, else by 2^31 (set_line_divs)
   FLASHMLA_PERM_HOST_DEVICE int64_t offset(int64_t line) const {
     if (dims == 1) return line * pitch[0];
     uint32_t l = static_cast<uint32_t>(line);  // < kMaxMixedLines
     int64_t off = 0;
-    // Constant indices only (unrolled): an indexed kernel parameter would
-    // need a stack frame.
     FLASHMLA_PERM_UNROLL
-    for (int i = 0; i < kMaxLineDims; ++i) {
-      if (i + 1 < dims) {
-        const uint32_t n = static_cast<uint32_t>(size[i]);
-        const uint32_t q = l / n;
-        off += static_cast<int64_t>(l - q * n) * pitch[i];
-        l = q;
-      } else if (i + 1 == dims) {
-        off += static_cast<int64_t>(l) * pitch[i];
-      }
+    for (int i = 0; i + 1 < kMaxLineDims; ++i) {
+      const uint32_t q = by_size[i].div(l);
+      off += static_cast<int64_t>(l - q * static_cast<uint32_t>(size[i])) * pitch[i];
+      l = q;
     }
-    return off;
+    return off + static_cast<int64_t>(l) * pitch[kMaxLineDims - 1];
+  }
+};
+
+// Host: a Lines' divisors, once its dims, sizes and pitches are set (the
+// dims past `dims` are never read but by offset's multiply by 0 digits).
+inline void set_line_divs(Lines& at) {
+  for (int i = 0; i + 1 < kMaxLineDims; ++i)
+    at.by_size[i] = i + 1 < at.dims ? FastDiv(static_cast<uint32_t>(at.size[i])) : FastDiv(uint32_t{1} << 31);
+}
+
+// Lines first + l of a Lines, for l < 2^31 (a tile's, counted from its
+// first), from `data`. With one dim, from the first's address by a 32 x 64-bit
+// multiply: the first's address is worked out once a tile, not a 64-bit add
+// and multiply each item, and the loops keep one address live, not the data,
+// the first line and the pitch. Otherwise by Lines::offset, from data (a set
+// of several dims holds under kMaxMixedLines lines: 32-bit line numbers).
+template <class T>
+struct LinesFrom {
+  const Lines& at;
+  T* start;  // one dim: data + at.offset(first); else data
+  int64_t pitch;  // at.pitch[0]
+  uint32_t first;  // several dims: the first line
+  FLASHMLA_PERM_BODY LinesFrom(T* data, const Lines& a, int64_t f)
+      : at(a),
+        start(a.dims == 1 ? data + f * a.pitch[0] : data),
+        pitch(a.pitch[0]),
+        first(static_cast<uint32_t>(f)) {}
+  FLASHMLA_PERM_BODY T* line(uint32_t l, OneDim) const { return start + static_cast<int64_t>(l) * pitch; }
+  FLASHMLA_PERM_BODY T* line(uint32_t l, AnyDims) const {
+    return at.dims == 1 ? line(l, OneDim{}) : start + at.offset(first + l);
   }
 };
 
@@ -382,12 +455,14 @@ FLASHMLA_PERM_BODY void save_segment_head(Ctx& ctx, const RowJob& p, int64_t til
     const uint32_t per_line = static_cast<uint32_t>(g.width / V);
     const FastDiv by_line = g.width == p.slice_bytes ? p.per_line_div[0] : p.per_line_div[1];
     const int64_t sbytes = p.line_bytes;
-    store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, [&](uint32_t i, uint8_t*& d) {
-      const uint32_t l = by_line.div(i);
-      const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
-      d = dst + l * sbytes + c;
-      return load_vec<V>(src + p.line_at.offset(g.line0 + l) + c);
-    });
+    const LinesFrom<const uint8_t> lines(src, p.line_at, g.line0);
+    store_items<V>(ctx, static_cast<uint32_t>(g.nl) * per_line, p.line_at.dims == 1,
+                   [&](uint32_t i, uint8_t*& d, auto dims) {
+                     const uint32_t l = by_line.div(i);
+                     const int64_t c = static_cast<int64_t>(i - l * per_line) * V;
+                     d = dst + l * sbytes + c;
+                     return load_vec<V>(lines.line(l, dims) + c);
+                   });
   }
 }
 
@@ -538,10 +613,11 @@ FLASHMLA_PERM_BODY void row_pass_stage(Ctx& ctx, const RowJob& p, const RowTile&
   const uint32_t lines = (1 + ps.m - ps.first) * rl.nl;
   const Warp<Ctx> w(ctx, rl.per_line);
   const uint32_t stride = w.lanes * V;
+  const LinesFrom<const uint8_t> at(t.base, p.line_at, t.g.line0);  // line l of unit 0
   for (uint32_t q = w.slot; q < lines; q += w.slots) {
     const uint32_t jj = rl.by_lines.div(q);
     const uint32_t j = ps.first + jj, l = q - jj * rl.nl;
-    const uint8_t* src = t.unit(p, ps.gp[j == 0 ? 0 : ps.k0 + j]) + p.line_at.offset(t.g.line0 + l);
+    const uint8_t* src = at.line(l, AnyDims{}) + ps.gp[j == 0 ? 0 : ps.k0 + j] * p.unit_stride;
     uint8_t* dst = buf + j * rl.buf_bytes + l * rl.width;
     FLASHMLA_PERM_NO_UNROLL  // a line is a few trips (3 on wq_b's slices at TP1): one loop, not an unrolled
                              // one and the rest
@@ -555,10 +631,11 @@ FLASHMLA_PERM_BODY void row_pass_store(Ctx& ctx, const RowJob& p, const RowTile&
   const RowLines<V> rl(p, t);
   const uint32_t lines = ps.n * rl.nl;
   const Warp<Ctx> w(ctx, rl.per_line);
+  const LinesFrom<uint8_t> at(t.base, p.line_at, t.g.line0);  // line l of unit 0
   for (uint32_t q = w.slot; q < lines; q += w.slots) {
     const uint32_t ii = rl.by_lines.div(q);
     const uint32_t l = q - ii * rl.nl, k = ps.k0 + ii;
-    uint8_t* dst = t.unit(p, ps.gp[k]) + p.line_at.offset(t.g.line0 + l);
+    uint8_t* dst = at.line(l, AnyDims{}) + ps.gp[k] * p.unit_stride;
     // A cycle's last position reads its first unit: scratch (a cut
     // segment), or buffer k + 1 - cycle (k0 is 0, or the group is one
     // cycle and that is buffer 0). Two calls, so that the buffer's reads
@@ -717,9 +794,13 @@ struct ColJob {
 // Short runs come only in staged GPU tiles, whose rows fit a tile buffer
 // (gpu_cols_staged_fit): 32-bit digits by a FastDiv, no 64-bit divide
 // subroutine (which spilled on sm_100) and no 32-bit divide.
-FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, int64_t b) {
-  if (p.run == p.row_bytes) return b;
-  const uint32_t i = static_cast<uint32_t>(b), run = static_cast<uint32_t>(p.run);
+FLASHMLA_PERM_HOST_DEVICE int64_t col_run_byte_at(const ColJob& p, uint32_t b);
+FLASHMLA_PERM_HOST_DEVICE int64_t col_byte_at(const ColJob& p, uint32_t b) {
+  return p.run == p.row_bytes ? b : col_run_byte_at(p, b);
+}
+// The same for short runs (run < row_bytes).
+FLASHMLA_PERM_HOST_DEVICE int64_t col_run_byte_at(const ColJob& p, uint32_t b) {
+  const uint32_t i = b, run = static_cast<uint32_t>(p.run);
   const uint32_t k = p.run_div.div(i);
   return static_cast<int64_t>(k) * p.run_pitch + (i - k * run);
 }
@@ -796,20 +877,22 @@ FLASHMLA_PERM_BODY void col_gathered_stage(Ctx& ctx, const ColJob& p, const Gath
   const int32_t* offset = p.source_offset;
   const int shift = p.chunk_shift;
   const int64_t mask = (int64_t{1} << shift) - 1;
+  const LinesFrom<const uint8_t> rows(p.src, p.src_rows, g.r0);
   stage_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& b, const uint8_t*& s) {
     const uint32_t r = g.div.div(i);
     const int64_t c = g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
     b = buf + static_cast<int64_t>(i) * V;
-    s = p.src + p.src_rows.offset(g.r0 + r) + offset[c >> shift] + (c & mask);
+    s = rows.line(r, AnyDims{}) + offset[c >> shift] + (c & mask);
   });
 }
 
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_gathered_store(Ctx& ctx, const ColJob& p, const GatheredSlice& g,
                                            const uint8_t* buf) {
-  store_items<V>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
+  const LinesFrom<uint8_t> rows(p.dst + g.b0, p.dst_rows, g.r0);
+  store_items<V>(ctx, g.nrows * g.per_row, p.dst_rows.dims == 1, [&](uint32_t i, uint8_t*& d, auto dims) {
     const uint32_t r = g.div.div(i);
-    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + static_cast<int64_t>(i - r * g.per_row) * V;
+    d = rows.line(r, dims) + static_cast<int64_t>(i - r * g.per_row) * V;
     return load_vec<V>(buf + static_cast<int64_t>(i) * V);
   });
 }
@@ -873,13 +956,15 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);
     const uint32_t nrows = static_cast<uint32_t>(nr);
-    const int64_t bp = p.buf_pitch;
+    // Offsets into the tile buffer and bytes of a row in 32 bits (both under
+    // the buffer's kGpuTileBudget): 64-bit ones cost each item more.
+    const uint32_t bp = static_cast<uint32_t>(p.buf_pitch);
     // Item i: row r, vector k of the row. Whole runs: the row's vectors
     // are neighbours in memory (k fastest). Short runs: neighbouring rows
     // are (the words of an MN-major scale), so r goes fastest.
     const bool rows_fastest = p.run < rb;
     const FastDiv div = tile + 1 == p.tiles ? p.items_div[1] : p.items_div[0];
-    auto split = [&](uint32_t i, uint32_t& r, int64_t& b) {
+    auto split = [&](uint32_t i, uint32_t& r, uint32_t& b, bool rows_fastest) {
       const uint32_t q = div.div(i);
       uint32_t k;
       if (rows_fastest) {
@@ -889,53 +974,67 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
         r = q;
         k = i - q * per_row;
       }
-      b = static_cast<int64_t>(k) * V;
+      b = k * V;
     };
+    const LinesFrom<const uint8_t> src_rows(p.src, p.src_rows, r0);
     stage_items<V>(ctx, nrows * per_row, [&](uint32_t i, uint8_t*& d, const uint8_t*& s) {
-      uint32_t r;
-      int64_t b;
-      split(i, r, b);
-      d = buf + r * bp + b;
-      s = p.src + p.src_rows.offset(r0 + r) + col_byte_at(p, b);
+      uint32_t r, b;
+      split(i, r, b, rows_fastest);
+      d = buf + (r * bp + b);
+      s = src_rows.line(r, AnyDims{}) + col_byte_at(p, b);
     });
     ctx.stage_wait();
     ctx.sync();
     const int32_t* offset = p.source_offset;
     const int shift = p.chunk_shift;
-    auto gathered = [&](uint32_t i, uint8_t*& d) {
-      uint32_t r;
-      int64_t b;
-      split(i, r, b);
-      d = p.dst + p.dst_rows.offset(r0 + r) + col_byte_at(p, b);
-      return gather_vec<V>(buf + r * bp, offset, shift, b);
+    const LinesFrom<uint8_t> dst_rows(p.dst, p.dst_rows, r0);
+    // whole: chunks at least V wide (gather_whole), else gather_pieces. The
+    // batched loops take rows_fastest as a Flag: a runtime one there let
+    // the compiler compute both forms of each item's address, 20 more
+    // instructions a batch (sm_90).
+    auto gathered = [&](auto whole, auto fastest) {
+      return [&, fastest](uint32_t i, uint8_t*& d, auto dims) {
+        uint32_t r, b;
+        split(i, r, b, fastest);
+        d = dst_rows.line(r, dims) + (fastest ? col_run_byte_at(p, b) : b);
+        if constexpr (decltype(whole)::value)
+          return gather_whole<V>(buf + r * bp, offset, shift, b);
+        else
+          return gather_pieces<V>(buf + r * bp, offset, shift, b);
+      };
     };
-    if ((1 << shift) >= V)
-      store_items<V>(ctx, nrows * per_row, gathered);
+    const bool one_dim = p.dst_rows.dims == 1;
+    if (V > 1 && (1 << shift) < V) {  // (no chunk is under 1 byte)
+      if (rows_fastest)
+        store_items<V, 1>(ctx, nrows * per_row, false, gathered(Flag<V == 1>{}, Flag<true>{}));
+      else
+        store_items<V, 1>(ctx, nrows * per_row, false, gathered(Flag<V == 1>{}, Flag<false>{}));
+    } else if (rows_fastest)
+      store_items<V>(ctx, nrows * per_row, one_dim, gathered(Flag<true>{}, Flag<true>{}));
     else
-      store_items<V, 1>(ctx, nrows * per_row, gathered);
+      store_items<V>(ctx, nrows * per_row, one_dim, gathered(Flag<true>{}, Flag<false>{}));
     ctx.sync();  // the next tile reuses the buffer
   }
 }
 
-// Half of a staged tile at V = 16 (a launch gives staged jobs stage_bytes
-// only then, launch.cpp set_two_stages): its stage loop into `buf`, or its
-// store loop from it. In place too: a tile reads and writes only its own
-// rows, so the next tile's loads (other rows) may fly while this one stores.
+// Half of a staged tile at V = 16 that gathers in its stage loop (in a
+// launch planned with two stages: col_two_stages): its stage loop into
+// `buf`, or its store loop from it. In place too: a tile reads and writes
+// only its own rows, so the next tile's loads (other rows) may fly while this
+// one stores.
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_staged_half(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf, bool store) {
-  if (gathers_in_stage(p, V, true)) {
-    const GatheredSlice g = staged_slice<V>(p, tile);
-    if (store)
-      col_gathered_store<V>(ctx, p, g, buf);
-    else
-      col_gathered_stage<V>(ctx, p, g, buf);
-  } else if (store) {
-    // A tile that gathers from its buffer (the per-32 scales: little of the
-    // bytes) runs whole, in one stage, in its store half: split in two
-    // halves it spilled registers on sm_90. Its stage_wait also waits for
-    // the next tile's group, which costs that one overlap only.
-    col_staged_tile<V>(ctx, p, tile, buf);
+  if (!gathers_in_stage(p, V, true)) {  // col_two_stages sends no other job here: never leave bytes unwritten
+#if defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    return;
   }
+  const GatheredSlice g = staged_slice<V>(p, tile);
+  if (store)
+    col_gathered_store<V>(ctx, p, g, buf);
+  else
+    col_gathered_stage<V>(ctx, p, g, buf);
 }
 
 // Where direct tile `tile` of vector width V sits: its rows and its slice of
@@ -960,14 +1059,19 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     col_gathered_slice<V>(ctx, p, g, buf);
     return;
   }
-  const int32_t* offset = p.source_offset;
-  const int shift = p.chunk_shift;
-  store_items<V, 1>(ctx, g.nrows * g.per_row, [&](uint32_t i, uint8_t*& d) {
-    const uint32_t r = g.div.div(i);
-    const int64_t c = static_cast<int64_t>(i - r * g.per_row) * V;
-    d = p.dst + p.dst_rows.offset(g.r0 + r) + g.b0 + c;
-    return gather_vec<V>(p.src + p.src_rows.offset(g.r0 + r), offset, shift, g.b0 + c);
-  });
+  if constexpr (V > 1) {  // chunks narrower than V (none is under 1 byte)
+    const int32_t* offset = p.source_offset;
+    const int shift = p.chunk_shift;
+    const LinesFrom<uint8_t> dst_rows(p.dst + g.b0, p.dst_rows, g.r0);
+    const LinesFrom<const uint8_t> src_rows(p.src, p.src_rows, g.r0);
+    const bool one_dim = p.src_rows.dims == 1 && p.dst_rows.dims == 1;
+    store_items<V, 1>(ctx, g.nrows * g.per_row, one_dim, [&](uint32_t i, uint8_t*& d, auto dims) {
+      const uint32_t r = g.div.div(i);
+      const int64_t c = static_cast<int64_t>(i - r * g.per_row) * V;
+      d = dst_rows.line(r, dims) + c;
+      return gather_pieces<V>(src_rows.line(r, dims), offset, shift, g.b0 + c);
+    });
+  }
 }
 
 // Half of a direct tile that gathers in its stage loop at V = 16 (the
@@ -975,7 +1079,8 @@ FLASHMLA_PERM_BODY void col_direct_tile(Ctx& ctx, const ColJob& p, int64_t tile,
 // its store loop from it.
 template <int V, class Ctx>
 FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile, uint8_t* buf, bool store) {
-  if (!gathers_in_stage(p, V, false)) {  // set_two_stages plans no other job: never leave bytes unwritten
+  if (!gathers_in_stage(p, V,
+                        false)) {  // col_two_stages sends no other job here: never leave bytes unwritten
 #if defined(__CUDA_ARCH__)
     __trap();
 #endif
@@ -986,6 +1091,18 @@ FLASHMLA_PERM_BODY void col_direct_half(Ctx& ctx, const ColJob& p, int64_t tile,
     col_gathered_store<V>(ctx, p, g, buf);
   else
     col_gathered_stage<V>(ctx, p, g, buf);
+}
+
+// Whether a column job's tiles run through two_stage_loop (col_staged_half,
+// col_direct_half; `staged`: the kernel that runs it): in a launch planned
+// with two tile buffers (`stage_bytes`, every job's: launch.cpp
+// set_two_stages, which plans them for direct jobs only where they gather in
+// the stage loop), and for staged jobs gathered in the stage loop. Staged
+// tiles that gather from their buffer (the per-32 scales) in such a launch
+// run one stage, in the first buffer (sized for them): they load nothing
+// before their store loop that a second buffer could hold.
+FLASHMLA_PERM_HOST_DEVICE bool col_two_stages(int64_t stage_bytes, const ColJob& p, bool staged) {
+  return stage_bytes > 0 && (!staged || gathers_in_stage(p, 16, true));
 }
 
 // Parallel contexts: the tiles first, first + step, ... below total, through

@@ -297,8 +297,8 @@ void launch(int device, const Launch& l, CUstream stream) {
   const Loaded loaded = loaded_on(device);
   // The kernels' one parameter, as kernels.cu declares it: cuLaunchKernel
   // copies these bytes as they are.
-  Jobs<ColJob> cols{{l.cols[0], l.cols[1]}, l.num_jobs};
-  Jobs<RowJob> rows{{l.rows[0], l.rows[1]}, l.num_jobs};
+  Jobs<ColJob> cols = col_jobs(l);
+  Jobs<RowJob> rows = row_jobs(l);
   void* args[1] = {l.kernel == Kernel::kCols ? static_cast<void*>(&cols) : static_cast<void*>(&rows)};
   const CUfunction f = loaded.functions[function_of(l.kernel, l.cols[0].staged != 0)];
   const unsigned smem = l.kernel == Kernel::kSaveHeads ? 0 : static_cast<unsigned>(l.smem_bytes);

@@ -1,7 +1,8 @@
 // The CUDA kernels: three kernels (row segments, their save pass, column
-// gathers; the last in a staged and a direct form), each a grid-stride loop
-// over the tiles of up to two jobs, so a model op's weight and scale go in
-// one launch. launch.h sizes everything; this file holds device code only.
+// gathers; the last in a staged and a direct form), each taking up to two
+// jobs, so a model op's weight and scale go in one launch: a CTA runs one
+// job's tiles, grid-stride over that job's CTAs. launch.h sizes everything;
+// this file holds device code only.
 //
 // One source, two compilers, one way to run it: nvcc (-cubin) or NVRTC
 // compiles it for each architecture, at install or at first use
@@ -57,48 +58,37 @@ struct CudaCtx {
   }
 };
 
-// Tile t of the launch: job 0's tiles first, then job 1's. Each job is read
-// in place from the kernel's parameters (two inlined copies of the body): a
-// copy selected at run time would hold the whole job in registers, and an
-// indexed parameter would need a stack frame.
-template <class Job, class TilesOf, class Body>
-__device__ __forceinline__ void for_each_tile(const Jobs<Job>& p, TilesOf tiles_of, Body&& body) {
-  const int64_t split = tiles_of(p.job[0]);
-  const int64_t total = split + (p.num > 1 ? tiles_of(p.job[1]) : 0);
-  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-    if (t < split)
-      body(p.job[0], t);
-    else
-      body(p.job[1], t - split);
+// Each CTA runs the tiles of one job (device_launch.h cta_tiles: CTAs below
+// p.first_ctas job 0's, the rest job 1's), grid-stride over that job's CTAs:
+// first, first + stride, ... below its tile count. One copy of each body
+// serves both jobs, which read their fields from the parameter in place
+// (__grid_constant__, at the job's offset: constant loads, no copy). A copy
+// of each body per job, reading its fields at constant offsets, took NVRTC
+// 13-21 s of CPU per architecture; here a field a hot loop uses is a
+// register, not an operand, so the loops' address math is leaner to make up
+// for it (csrc/tile_bodies.h LinesFrom, FastDiv).
+template <class Job>
+struct CtaJob {
+  const Job& job;
+  CtaTiles tiles;
+  __device__ CtaJob(const Jobs<Job>& p)
+      : job(p.job[cta_tiles(blockIdx.x, gridDim.x, p.first_ctas).job]),
+        tiles(cta_tiles(blockIdx.x, gridDim.x, p.first_ctas)) {}
+  // body(tile) for each of the CTA's tiles below `total`, one stage.
+  template <class Body>
+  __device__ void each(int64_t total, Body&& body) const {
+    for (int64_t t = tiles.first; t < total; t += tiles.stride) body(t);
   }
-}
-
-struct AllTiles {
-  template <class Job>
-  __device__ int64_t operator()(const Job& j) const {
-    return j.tiles;
+  // The same through two_stage_loop (two tile buffers, job.stage_bytes
+  // apart: launch.cpp set_two_stages and set_row_two_stages plan them for
+  // every job of a launch or none); half(tile, buf, store) is one of a
+  // tile's two loops, at V = 16 (the launches plan two stages for no other
+  // width).
+  template <class Half>
+  __device__ void two_stages(CudaCtx& ctx, uint8_t* smem, Half&& half) const {
+    two_stage_loop(ctx, tiles.first, tiles.stride, job.tiles, smem, job.stage_bytes, half);
   }
 };
-struct HeadTiles {
-  __device__ int64_t operator()(const RowJob& j) const { return j.head_tiles; }
-};
-
-// Jobs planned with two tile buffers (stage_bytes: launch.cpp set_two_stages
-// and set_row_two_stages) run the tiles of both through two_stage_loop;
-// half(job, tile, buf, store) is one of a tile's two loops, at V = 16 (the
-// launches plan two stages for no other width).
-template <class Job, class Half>
-__device__ __forceinline__ void two_stage_tiles(CudaCtx& ctx, const Jobs<Job>& p, uint8_t* smem, Half half) {
-  const int64_t split = p.job[0].tiles;
-  const int64_t total = split + (p.num > 1 ? p.job[1].tiles : 0);
-  two_stage_loop(ctx, blockIdx.x, gridDim.x, total, smem, p.job[0].stage_bytes,
-                 [&](int64_t t, uint8_t* buf, bool store) {
-                   if (t < split)
-                     half(p.job[0], t, buf, store);
-                   else
-                     half(p.job[1], t - split, buf, store);
-                 });
-}
 
 // CTAs of kGpuThreads per SM each kernel's registers must leave room for
 // (__launch_bounds__' second figure: ptxas then uses at most 64K / (this x
@@ -115,62 +105,53 @@ constexpr int kColsMinCtas = 9;
 // Two stages where the device spec asks (FLASHMLA_PERM_ROW_STAGES).
 __device__ __forceinline__ void rows_kernel(const Jobs<RowJob>& p) {
   extern __shared__ uint4 smem[];
+  uint8_t* buf = reinterpret_cast<uint8_t*>(smem);
   CudaCtx ctx;
-  if (p.job[0].stage_bytes > 0) {
-    two_stage_tiles(ctx, p, reinterpret_cast<uint8_t*>(smem),
-                    [&](const RowJob& job, int64_t t, uint8_t* buf, bool store) {
-                      row_segment_half<16>(ctx, job, t, buf, store);
-                    });
+  const CtaJob<RowJob> c(p);
+  if (p.job[0].stage_bytes > 0) {  // every job's (set_row_two_stages); job 0's at a constant offset
+    c.two_stages(ctx, buf,
+                 [&](int64_t t, uint8_t* b, bool store) { row_segment_half<16>(ctx, c.job, t, b, store); });
     return;
   }
-  for_each_tile(p, AllTiles{}, [&](const RowJob& job, int64_t tile) {
-    with_vector_width(job.vec, [&](auto v) {
-      row_segment_tile<decltype(v)::value>(ctx, job, tile, reinterpret_cast<uint8_t*>(smem));
-    });
+  c.each(c.job.tiles, [&](int64_t t) {
+    with_vector_width(c.job.vec, [&](auto v) { row_segment_tile<decltype(v)::value>(ctx, c.job, t, buf); });
   });
 }
 
 __device__ __forceinline__ void save_heads_kernel(const Jobs<RowJob>& p) {
   CudaCtx ctx;
-  for_each_tile(p, HeadTiles{}, [&](const RowJob& job, int64_t tile) {
-    with_vector_width(job.vec, [&](auto v) { save_segment_head<decltype(v)::value>(ctx, job, tile); });
+  const CtaJob<RowJob> c(p);
+  c.each(c.job.head_tiles, [&](int64_t t) {
+    with_vector_width(c.job.vec, [&](auto v) { save_segment_head<decltype(v)::value>(ctx, c.job, t); });
   });
 }
 
-// Half of a column tile at V = 16, for two_stage_loop.
-template <bool kStaged>
-__device__ __forceinline__ void col_half(CudaCtx& ctx, const ColJob& job, int64_t tile, uint8_t* buf,
-                                         bool store) {
-  if constexpr (kStaged)
-    col_staged_half<16>(ctx, job, tile, buf, store);
-  else
-    col_direct_half<16>(ctx, job, tile, buf, store);
-}
-
 // Staged and direct tiles in kernels of their own (a launch's jobs are all
-// one or the other): one body each keeps the registers down. Jobs planned
-// with two tile buffers (stage_bytes, launch.cpp set_two_stages: direct
-// tiles that gather in their stage loop; staged ones where the device spec
-// asks, FLASHMLA_PERM_COL_STAGES) run two_stage_loop.
+// one or the other): one body each keeps the registers down. Jobs that
+// gather in their stage loop in launches planned with two tile buffers
+// (tile_bodies.h col_two_stages) run two_stage_loop, the rest one stage.
 template <bool kStaged>
 __device__ __forceinline__ void cols_kernel(const Jobs<ColJob>& p) {
   extern __shared__ uint4 smem[];
+  uint8_t* buf = reinterpret_cast<uint8_t*>(smem);
   CudaCtx ctx;
-  if (p.job[0].stage_bytes > 0) {
-    two_stage_tiles(ctx, p, reinterpret_cast<uint8_t*>(smem),
-                    [&](const ColJob& job, int64_t t, uint8_t* buf, bool store) {
-                      col_half<kStaged>(ctx, job, t, buf, store);
-                    });
+  const CtaJob<ColJob> c(p);
+  if (col_two_stages(p.job[0].stage_bytes, c.job, kStaged)) {  // (job 0's: a constant offset)
+    c.two_stages(ctx, buf, [&](int64_t t, uint8_t* b, bool store) {
+      if constexpr (kStaged)
+        col_staged_half<16>(ctx, c.job, t, b, store);
+      else
+        col_direct_half<16>(ctx, c.job, t, b, store);
+    });
     return;
   }
-  for_each_tile(p, AllTiles{}, [&](const ColJob& job, int64_t tile) {
-    with_vector_width(job.vec, [&](auto v) {
+  c.each(c.job.tiles, [&](int64_t t) {
+    with_vector_width(c.job.vec, [&](auto v) {
       constexpr int V = decltype(v)::value;
-      uint8_t* buf = reinterpret_cast<uint8_t*>(smem);
       if constexpr (kStaged)
-        col_staged_tile<V>(ctx, job, tile, buf);
+        col_staged_tile<V>(ctx, c.job, t, buf);
       else
-        col_direct_tile<V>(ctx, job, tile, buf);
+        col_direct_tile<V>(ctx, c.job, t, buf);
     });
   });
 }
@@ -185,19 +166,19 @@ using flashmla_perm::Jobs;
 using flashmla_perm::RowJob;
 extern "C" {
 __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kRowsMinCtas)
-    flashmla_perm_rows(Jobs<RowJob> p) {
+    flashmla_perm_rows(const __grid_constant__ Jobs<RowJob> p) {
   flashmla_perm::rows_kernel(p);
 }
 __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kSaveHeadsMinCtas)
-    flashmla_perm_save_heads(Jobs<RowJob> p) {
+    flashmla_perm_save_heads(const __grid_constant__ Jobs<RowJob> p) {
   flashmla_perm::save_heads_kernel(p);
 }
 __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsMinCtas)
-    flashmla_perm_cols_staged(Jobs<ColJob> p) {
+    flashmla_perm_cols_staged(const __grid_constant__ Jobs<ColJob> p) {
   flashmla_perm::cols_kernel<true>(p);
 }
 __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsMinCtas)
-    flashmla_perm_cols_direct(Jobs<ColJob> p) {
+    flashmla_perm_cols_direct(const __grid_constant__ Jobs<ColJob> p) {
   flashmla_perm::cols_kernel<false>(p);
 }
 }

@@ -167,55 +167,86 @@ void run_cols_serial(const fp::ColView& view, const fp::ColPlan& plan) {
 }
 
 // Runs one launch as the GPU would: CTAs [0, grid), each with l.threads
-// threads, its own barrier and shared buffer, taking tiles b, b + grid, ...
-// of the launch's jobs in order (job 0's tiles, then job 1's), as the CUDA
-// kernels' for_each_tile does. `concurrent` CTAs run at a time.
+// threads, its own barrier and shared buffer, each running the tiles of one
+// job (device_launch.h cta_tiles: the kernels' own mapping) from the
+// parameter the CUDA launcher passes (launch.h row_jobs / col_jobs), as
+// csrc/cuda/kernels.cu does. `concurrent` CTAs run at a time.
 void report(bool ok, const std::string& what);
 
 void run_launch(const fp::Launch& l, int concurrent) {
+  const std::string name = fp::kernel_name(l.kernel);
   // A CTA's shared memory stays within the tile budget (under the 48 KiB a
   // launch may take without opting in), whatever its stages.
   if (l.smem_bytes > fp::kGpuTileBudget)
-    report(false, std::string(fp::kernel_name(l.kernel)) + " launch plans " + std::to_string(l.smem_bytes) +
+    report(false, name + " launch plans " + std::to_string(l.smem_bytes) +
                       " bytes of shared memory, over the budget");
+  // The grid split (launch.cpp split_grid): every job with tiles has a CTA,
+  // none has more CTAs than tiles, and one job has them all.
+  for (int j = 0; j < l.num_jobs; ++j) {
+    const int64_t ctas = j == 0 ? l.first_ctas : l.grid - l.first_ctas;
+    if (ctas < 0 || ctas > l.job_tiles(j) || (l.job_tiles(j) > 0 && ctas == 0))
+      report(false, name + " launch gives job " + std::to_string(j) + " " + std::to_string(ctas) + " of " +
+                        std::to_string(l.grid) + " CTAs for " + std::to_string(l.job_tiles(j)) + " tiles");
+  }
+  if (l.num_jobs == 1 && l.first_ctas != l.grid) report(false, name + " launch of one job splits its grid");
+  const fp::Jobs<fp::RowJob> rows = fp::row_jobs(l);
+  const fp::Jobs<fp::ColJob> cols = fp::col_jobs(l);
+  const uint32_t first_ctas = l.kernel == fp::Kernel::kCols ? cols.first_ctas : rows.first_ctas;
+  // The CUDA launcher picks the kernel by job 0 (kernels.cu: a launch's
+  // column jobs are all staged or all direct).
+  const bool staged = l.cols[0].staged;
+  if (l.kernel == fp::Kernel::kCols && l.num_jobs == 2 && cols.job[1].staged != staged)
+    report(false, "cols launch mixes staged and direct jobs");
+  // Two tile buffers where job 0's stage_bytes says (every job's), for
+  // column jobs only those that gather in the stage loop (col_two_stages).
+  const int64_t stage_bytes =
+      l.kernel == fp::Kernel::kCols ? cols.job[0].stage_bytes : rows.job[0].stage_bytes;
+  if ((l.kernel != fp::Kernel::kSaveHeads && stage_bytes > 0) != (l.stages == 2))
+    report(false, name + " launch's stages and its jobs' stage_bytes differ");
+  auto two_stages = [&](int j) {
+    if (l.kernel == fp::Kernel::kCols) return fp::col_two_stages(stage_bytes, cols.job[j], staged);
+    return l.kernel == fp::Kernel::kRows && stage_bytes > 0;
+  };
   const int threads = l.threads;
-  const int64_t split = l.job_tiles(0);
-  const int64_t total = l.tiles;
-  auto body = [&](ThreadCtx& ctx, int64_t t, uint8_t* smem) {
-    const int j = t < split ? 0 : 1;
-    const int64_t tile = j == 0 ? t : t - split;
-    fp::with_vector_width(l.vec(j), [&](auto vw) {
+  auto body = [&](ThreadCtx& ctx, int j, int64_t tile, uint8_t* smem) {
+    const int vec = l.kernel == fp::Kernel::kCols ? cols.job[j].vec : rows.job[j].vec;
+    fp::with_vector_width(vec, [&](auto vw) {
       constexpr int V = decltype(vw)::value;
       switch (l.kernel) {
-        case fp::Kernel::kRows: fp::row_segment_tile<V>(ctx, l.rows[j], tile, smem); break;
-        case fp::Kernel::kSaveHeads: fp::save_segment_head<V>(ctx, l.rows[j], tile); break;
+        case fp::Kernel::kRows: fp::row_segment_tile<V>(ctx, rows.job[j], tile, smem); break;
+        case fp::Kernel::kSaveHeads: fp::save_segment_head<V>(ctx, rows.job[j], tile); break;
         case fp::Kernel::kCols:
-          if (l.cols[j].staged)
-            fp::col_staged_tile<V>(ctx, l.cols[j], tile, smem);
+          if (staged)
+            fp::col_staged_tile<V>(ctx, cols.job[j], tile, smem);
           else
-            fp::col_direct_tile<V>(ctx, l.cols[j], tile, smem);
+            fp::col_direct_tile<V>(ctx, cols.job[j], tile, smem);
           break;
       }
     });
   };
   // A CTA's tiles one after another, or, with two tile buffers (direct
-  // gathered tiles; staged and row ones where the device spec asks), through
-  // two_stage_loop, as the CUDA kernels do.
+  // gathered tiles; staged gathered and row ones where the device spec
+  // asks), through two_stage_loop at V = 16, as the CUDA kernels do.
   auto cta = [&](ThreadCtx& ctx, int64_t b, uint8_t* smem) {
-    if (l.stages == 1) {
-      for (int64_t tile = b; tile < total; tile += l.grid) body(ctx, tile, smem);
+    const fp::CtaTiles c = fp::cta_tiles(static_cast<uint32_t>(b), static_cast<uint32_t>(l.grid), first_ctas);
+    const int j = c.job;
+    const int64_t total = l.kernel == fp::Kernel::kCols   ? cols.job[j].tiles
+                          : l.kernel == fp::Kernel::kRows ? rows.job[j].tiles
+                                                          : rows.job[j].head_tiles;
+    if (!two_stages(j)) {
+      for (int64_t tile = c.first; tile < total; tile += c.stride) body(ctx, j, tile, smem);
       return;
     }
-    fp::two_stage_loop(ctx, b, l.grid, total, smem, l.stage_bytes(),
+    const int64_t buf_bytes =
+        l.kernel == fp::Kernel::kCols ? cols.job[j].stage_bytes : rows.job[j].stage_bytes;
+    fp::two_stage_loop(ctx, c.first, c.stride, total, smem, buf_bytes,
                        [&](int64_t t, uint8_t* buf, bool store) {
-                         const int j = t < split ? 0 : 1;  // V = 16, as in the kernels
-                         const int64_t tile = j == 0 ? t : t - split;
                          if (l.kernel == fp::Kernel::kRows)
-                           fp::row_segment_half<16>(ctx, l.rows[j], tile, buf, store);
-                         else if (l.cols[j].staged)
-                           fp::col_staged_half<16>(ctx, l.cols[j], tile, buf, store);
+                           fp::row_segment_half<16>(ctx, rows.job[j], t, buf, store);
+                         else if (staged)
+                           fp::col_staged_half<16>(ctx, cols.job[j], t, buf, store);
                          else
-                           fp::col_direct_half<16>(ctx, l.cols[j], tile, buf, store);
+                           fp::col_direct_half<16>(ctx, cols.job[j], t, buf, store);
                        });
   };
   concurrent = static_cast<int>(std::min<int64_t>(concurrent, l.grid));
@@ -492,8 +523,8 @@ void check_cols(const std::vector<int64_t>& perm, int64_t esize, int64_t rows, i
 }
 
 // Two out-of-place jobs in one launch, both gathered in the stage loop at
-// V = 16: two stages across the jobs' tiles (a CTA's next tile may belong to
-// the other job), as the direct kernel splits them.
+// V = 16: two stages over each job's tiles, the grid split between the jobs
+// as the direct kernel splits it.
 void check_two_direct_jobs(int threads) {
   const std::vector<int64_t> pa = fp::o_fused_permutation(4, 1024), pb = fp::q_fused_permutation(16, 64);
   Rows a(37, 4096, 4096, 0), b(29, 2048, 2048 + 32, 16);  // bf16 rows of 16 heads x 64
@@ -511,6 +542,34 @@ void check_two_direct_jobs(int threads) {
   run_launches(launches, scratch, 3);
   report(launches.size() == 1 && launches[0].stages == 2 && da.buf == ea && db.buf == eb,
          "cols two direct jobs, two stages, threads=" + std::to_string(threads));
+}
+
+// A launch of a big and a tiny in-place column job, either first, on the
+// small device's 4 CTAs: the tiny one's share of the grid by its work rounds
+// to no CTA, and launch.cpp split_grid still gives it one (each CTA runs one
+// job's tiles, so a job without a CTA would never move).
+void check_grid_split(int threads) {
+  const std::vector<int64_t> perm = fp::o_fused_permutation(4, 1024);
+  const fp::ColPlan plan = fp::make_col_plan(perm, 1);
+  for (bool big_first : {true, false}) {
+    Rows big(64, 4096, 4096, 0), tiny(1, 4096, 4096, 16);
+    const auto eb = big.cols_gathered(perm, 1, big.buf, big.buf),
+               et = tiny.cols_gathered(perm, 1, tiny.buf, tiny.buf);
+    const fp::ColView vb = fp::col_rows(big.data(), big.data(), 64, 4096, 4096, 4096);
+    const fp::ColView vt = fp::col_rows(tiny.data(), tiny.data(), 1, 4096, 4096, 4096);
+    const fp::ColView views[] = {big_first ? vb : vt, big_first ? vt : vb};
+    const fp::ColPlan* plans[] = {&plan, &plan};
+    const int32_t* offsets[] = {plan.source_offset.data(), plan.source_offset.data()};
+    std::vector<fp::Launch> launches = fp::gpu_col_launches(views, plans, offsets, 2, small_device());
+    for (auto& l : launches) l.threads = threads;
+    std::vector<std::vector<uint8_t>> scratch;
+    run_launches(launches, scratch, 3);
+    const bool split =
+        launches.size() == 1 && launches[0].grid == 4 && launches[0].first_ctas == (big_first ? 3 : 1);
+    report(split && big.buf == eb && tiny.buf == et, std::string("cols grid split, the tiny job ") +
+                                                         (big_first ? "second" : "first") +
+                                                         " threads=" + std::to_string(threads));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1135,6 +1194,7 @@ void stress(const std::vector<int>& thread_counts) {
                                               fp::kPackCyclesAbove, 4096);
     report(!narrow && !passes, "row two stages refused where a tile is not one pass at V = 16");
     check_two_direct_jobs(threads);
+    check_grid_split(threads);
     check_strided(threads, 40, serial);
     check_strided_two_stages(threads, 12);
     check_packed_words(threads, 10, serial);
@@ -1158,8 +1218,9 @@ void print_launch(const std::string& what, const fp::Launch& l) {
               fp::kernel_name(l.kernel), static_cast<long long>(l.grid), l.threads,
               static_cast<long long>(l.smem_bytes), l.ctas_per_sm, static_cast<long long>(l.tiles));
   for (int j = 0; j < l.num_jobs; ++j)
-    std::printf("  job%d: V=%d tiles=%lld max_tile=%lld", j, l.vec(j), static_cast<long long>(l.job_tiles(j)),
-                static_cast<long long>(l.max_tile_bytes[j]));
+    std::printf("  job%d: V=%d ctas=%lld tiles=%lld max_tile=%lld", j, l.vec(j),
+                static_cast<long long>(j == 0 ? l.first_ctas : l.grid - l.first_ctas),
+                static_cast<long long>(l.job_tiles(j)), static_cast<long long>(l.max_tile_bytes[j]));
   std::printf("\n");
 }
 
