@@ -38,7 +38,7 @@ struct DeviceSpec {
   int threads_per_sm = 2048;
   int regs_per_sm = 65536;
   int max_ctas_per_sm = 32;
-  int regs[3] = {71, 56, 56};  // per thread, by Kernel (kCols: the larger of its two; sm_90)
+  int regs[3] = {80, 64, 56};  // per thread, by Kernel (kCols: the larger of its two; sm_90)
   int col_stages = 1;  // tile buffers per CTA of staged column tiles cycles through: 1 or 2 (set_two_stages)
   // The same for row tiles (set_row_two_stages, where a launch allows it):
   // two by default, one with FLASHMLA_PERM_ROW_STAGES=1.

@@ -387,7 +387,6 @@ class Check:
                 for flag, name in (
                     ("--card", "gpu.json"),
                     ("--ptxas-log", "build.log"),
-                    ("--sass", "sass.txt"),
                     ("--measured", "bench.json"),
                     ("--sweep", "sweep.json"),
                 )

@@ -11,13 +11,13 @@ flight a CTA) for a card (device/card.py; an H200 by default) and prices:
     Little's law: to stream at the copy's bandwidth each SM must hold
     bandwidth / SMs x latency in flight; with less, bandwidth falls to
     in flight x SMs / latency;
-  * issue cost: instructions per item of each kernel's loops (recorded from
-    the SASS of a build, scaled by the kernel's instruction count where
-    --sass gives a build's cuobjdump output) over the SMs' issue rate;
+  * issue cost: instructions per item of each kernel's loops (read from the
+    SASS of a build; later builds take at most as many: scripts/sass_loops.py
+    --diff) over the SMs' issue rate;
   * time = launch + latency + the longer of moving the bytes and issuing,
     against a device copy of the same tensors (one kernel each).
 
-    python device/model.py [--card gpu.json] [--ptxas-log build.log] [--sass SASS.txt]
+    python device/model.py [--card gpu.json] [--ptxas-log build.log]
                            [--measured bench.json] [--sweep sweep.json] [--json PATH]
 """
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections import namedtuple
 
@@ -60,7 +59,6 @@ PER_ITEM = {
     ("cols_direct", True, 16): (68.5, 0.0),
     ("save_heads", False, 16): (36.0, 0.0),
 }
-SASS_TOTALS = {"rows": 10192, "save_heads": 8144, "cols_staged": 19088, "cols_direct": 15536}  # that build's
 # The kernels' symbols (csrc/cuda/kernels.cu: extern "C"), then the mangled
 # template names of builds before them (the recorded build's among them).
 KERNEL_OF_SYMBOL = (
@@ -71,7 +69,7 @@ KERNEL_OF_SYMBOL = (
     ("flashmla_perm_save_heads", "save_heads"),
     ("flashmla_perm_rows", "rows"),
 )
-DEFAULT_REGS = {"rows": 71, "save_heads": 56, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
+DEFAULT_REGS = {"rows": 80, "save_heads": 64, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
 # The executor's launch-plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
 PLAN_FIELDS = {
     "FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm",
@@ -126,18 +124,6 @@ def registers(ptxas_log=None, arch="sm_90"):
     return regs
 
 
-def sass_scale(text):
-    """Per kernel kind, its instruction count in a build's cuobjdump -sass
-    output over the recorded build's: the factor its per-item counts take."""
-    parts = re.split(r"\n\s*Function : (\S+)\n", text)
-    counts = {}
-    for symbol, body in zip(parts[1::2], parts[2::2]):
-        kind = next((k for s, k in KERNEL_OF_SYMBOL if s in symbol), None)
-        if kind:
-            counts[kind] = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", body))  # the last of each, as recorded
-    return {k: n / SASS_TOTALS[k] for k, n in counts.items()}
-
-
 def device_fields(fig, regs, plan=None):
     """DeviceSpec fields (csrc/launch.h) for gpu_launches: the card's, and a
     launch plan's (stages, CTA cap, tile budget) where one is given."""
@@ -151,16 +137,16 @@ def device_fields(fig, regs, plan=None):
     }
 
 
-def job_instructions(job, scale):
+def job_instructions(job):
     """Warp instructions a job issues (32 lanes an instruction)."""
     per_item, per_line = PER_ITEM[(job["kind"], bool(job.get("gathered_stage")), job["vec"])]
     items = job["bytes"] / job["vec"]
     if per_line and job.get("slice_vectors"):
         per_item += per_line / job["slice_vectors"]
-    return items * per_item * scale.get(job["kind"], 1.0) / 32
+    return items * per_item / 32
 
 
-def price_launch(launch, fig, scale=None):
+def price_launch(launch, fig):
     """One launch's figures: in flight per SM against Little's law, issue
     time against memory time, and the time they give (us)."""
     nbytes = sum(j["bytes"] for j in launch["jobs"])
@@ -169,7 +155,7 @@ def price_launch(launch, fig, scale=None):
     main = max(launch["jobs"], key=lambda j: j["bytes"])
     in_flight = ctas * main["inflight_bytes"]
     needed = fig["copy_tbps"] * 1e6 * fig["latency_us"] / fig["sms"]  # bytes: TB/s x us / SMs
-    instructions = sum(job_instructions(j, scale or {}) for j in launch["jobs"] if j["tiles"])
+    instructions = sum(job_instructions(j) for j in launch["jobs"] if j["tiles"])
     issue_us = instructions / sms / (fig["schedulers"] * fig["ipc"] * fig["clock_ghz"] * 1e3)
     # With one stage a CTA issues a tile's stores before its next loads: its
     # loads are in flight for one latency of every latency + a tile's issue.
@@ -201,11 +187,11 @@ def price_launch(launch, fig, scale=None):
     }
 
 
-def predict(case, fig, regs, plan=None, scale=None):
+def predict(case, fig, regs, plan=None):
     from flashmla_perm import _ops
 
     launches = _ops._C.gpu_launches(case.op.replace("_h128", ""), case.dims, device_fields(fig, regs, plan))
-    priced = [price_launch(launch, fig, scale) for launch in launches]
+    priced = [price_launch(launch, fig) for launch in launches]
     nbytes = sum(p["bytes_moved"] for p in priced) // 2
     tensors = 1 if case.op.startswith("permute_q") else 2  # the copy: one kernel a tensor
     copy_us = tensors * (fig["launch_us"] + COPY_LATENCY_US) + 2 * nbytes / (fig["copy_tbps"] * 1e6)
@@ -236,7 +222,7 @@ def measured_rows(path):
     }
 
 
-def sweep_points(path, fig, regs, scale):
+def sweep_points(path, fig, regs):
     """Each plan of a device check's sweep.json: wq_b and wo_a at TP 1
     predicted under it, beside what the plan measured."""
     out = []
@@ -246,7 +232,7 @@ def sweep_points(path, fig, regs, scale):
             kind = key.split()[0]
             case = next((c for c in cases([kind]) if c.tp == 1), None)
             if case and key.endswith(" native"):
-                p = predict(case, fig, regs, plan, scale)
+                p = predict(case, fig, regs, plan)
                 out.append(
                     {
                         "plan": label,
@@ -263,7 +249,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--card", help="a JSON a device run wrote with its card (gpu.json, bench.json)")
     p.add_argument("--ptxas-log", help="a build log with ptxas -v lines: the kernels' registers")
-    p.add_argument("--sass", help="cuobjdump -sass output of a build: its kernels' instruction counts")
     p.add_argument("--measured", help="a bench.json: its native rows' x copy beside the prediction")
     p.add_argument("--sweep", help="a device check's sweep.json: each plan predicted beside measured")
     p.add_argument("--ops", help="only these ops (comma-separated)")
@@ -272,7 +257,6 @@ def main(argv=None):
     from card import card_in
 
     fig, regs = card_figures(card_in(load(args.card)) if args.card else None), registers(args.ptxas_log)
-    scale = sass_scale(open(args.sass, errors="replace").read()) if args.sass else {}
     measured = measured_rows(args.measured) if args.measured else {}
     records = []
     print(
@@ -284,7 +268,7 @@ def main(argv=None):
         "(kernel grid/CTAs per SM, KiB in flight per SM of needed, bound)"
     )
     for case in cases(args.ops.split(",") if args.ops else None):
-        r = predict(case, fig, regs, scale=scale)
+        r = predict(case, fig, regs)
         if (case.op, case.tp) in measured:
             r["x_copy_measured"] = round(measured[(case.op, case.tp)], 3)
         records.append(r)
@@ -297,7 +281,7 @@ def main(argv=None):
                 for lp in r["launches"]
             )
         )
-    sweep = sweep_points(args.sweep, fig, regs, scale) if args.sweep else []
+    sweep = sweep_points(args.sweep, fig, regs) if args.sweep else []
     for s in sweep:
         print(
             f"sweep {s['plan']:<14} {s['op']:<6} x copy predicted {s['x_copy_predicted']:.2f}, measured "
@@ -305,9 +289,7 @@ def main(argv=None):
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"card": fig, "registers": regs, "sass_scale": scale, "records": records, "sweep": sweep}, f, indent=1
-            )
+            json.dump({"card": fig, "registers": regs, "records": records, "sweep": sweep}, f, indent=1)
     return 0
 
 

@@ -45,7 +45,7 @@ def test_device_fields_name_the_spec_gpu_launches_plans_with():
     launches: the CUDA executor reports its spec in these names
     (cuda_device_fields), for the runtime tests to plan as it does."""
     h200 = _ops._C.gpu_device_fields()
-    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 71, 56)
+    assert (h200["sm_count"], h200["smem_per_sm"], h200["regs_rows"], h200["regs_cols"]) == (132, 228 * 1024, 80, 56)
     assert (h200["row_stages"], h200["col_stages"]) == (2, 1)  # the default plan (csrc/launch.h)
     odd = {
         "sm_count": 7,
