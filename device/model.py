@@ -70,7 +70,7 @@ KERNEL_OF_SYMBOL = (
     ("flashmla_perm_rows", "rows"),
 )
 DEFAULT_REGS = {"rows": 80, "save_heads": 64, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
-# The executor's launch-plan environment (csrc/cuda_executor.cpp) as gpu_launches' fields.
+# The executor's launch-plan environment (csrc/cuda/executor.cpp) as gpu_launches' fields.
 PLAN_FIELDS = {
     "FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm",
     "FLASHMLA_PERM_COL_STAGES": "col_stages",

@@ -100,7 +100,7 @@ def test_direct_gathered_launches_take_two_stages():
 
 @needs_native
 def test_the_sweep_plans_reach_the_launches():
-    """The executor's environment as device fields (csrc/cuda_executor.cpp):
+    """The executor's environment as device fields (csrc/cuda/executor.cpp):
     col_stages 2 gives staged jobs two buffers of half-size tiles, all of a
     launch's jobs or none (the packed wv scale, V = 4, keeps its launch at one);
     row_stages 2 does the same for row tiles of one pass at V = 16 (wq_b),
