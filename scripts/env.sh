@@ -36,9 +36,7 @@ fi
 if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH')" 2>/dev/null; then
   echo "== installing torch==$TORCH into $VENV"
   "$PY" -m pip install -q --upgrade pip
-  # --no-compile: byte-compiling every module torch ships took 30-45 s here;
-  # Python compiles what it imports, once.
-  "$PY" -m pip install -q --no-compile "torch==$TORCH"
+  "$PY" -m pip install -q "torch==$TORCH"
 fi
 # vLLM 0.33.0's DeepSeek-V4.1 loading code, on the CPU torch it pins (2.13.0),
 # so that tests/test_vllm.py and the benchmark's `load` kind run vLLM's own
@@ -49,7 +47,7 @@ if [ "$WITH_VLLM" = 1 ] && [ "$TORCH" = 2.13.0 ] &&
    ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm') != '0.33.0')" 2>/dev/null; then
   echo "== installing vLLM 0.33.0's CPU loading stack into $VENV (about 2 GB)"
   rm -f "$VENV/.vllm_imports"
-  "$PY" -m pip install -q --no-compile --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
+  "$PY" -m pip install -q --no-deps -r "$ROOT/scripts/vllm033-cpu-requirements.txt"
 fi
 # The build and test tools (pip only when one is missing: asking the index
 # costs about 15 s a call, and CI sources this six times). --no-warn-conflicts:
