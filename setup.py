@@ -1,23 +1,19 @@
 """Build flashmla_perm._C with torch.utils.cpp_extension (ninja), by the host
 compiler alone: the CUDA side includes no CUDA header (it reaches the device
 through the driver API, opened at run time), so a CUDA torch needs nothing
-beside it. With a CUDA torch the kernels are built at install too, one cubin
-per architecture, side by side, and embedded in the module
-(scripts/build_kernels.py); the build says what it built in one line.
+beside it. With a CUDA torch the kernels are compiled by torch's own NVRTC
+(scripts/build_kernels.py: a cubin per architecture and a PTX image) and
+embedded in the module; the build says what it built in one line. The
+package (a wheel too) then requires the torch release it was built against.
 
 Switches (environment):
-  FLASHMLA_PERM_CUDA     unset: the CUDA side where torch has CUDA, its kernels
-                         built by an nvcc of torch's CUDA major where one is
-                         found (the nvidia-cuda-nvcc wheel's too), else by
-                         torch's NVRTC, else none (compiled at first use);
-                         0 (off, false, no): the CPU-only module;
-                         1 (on, true, yes): the same as unset, but a CPU torch
-                         stops the build; nvcc / nvrtc: that compiler for the
-                         kernels, or the build stops saying why.
+  FLASHMLA_PERM_CUDA     unset: the CUDA side where torch has CUDA and its
+                         NVRTC is found; 0 (off, false, no): the CPU-only
+                         module; 1 (on, true, yes): the CUDA side, or the
+                         build stops saying why not.
   FLASHMLA_PERM_CUDA_ARCHS
-                         the architectures built at install ("9.0;10.0");
-                         default csrc/build_config.txt's
-  CUDA_HOME              where nvcc is looked for first
+                         the cubins built ("9.0;10.0"); default
+                         csrc/build_config.txt's
   FLASHMLA_PERM_SANITIZE e.g. address,undefined: instrument the host code
                          (scripts/sanitize.sh builds and tests this way)
 """
@@ -46,28 +42,24 @@ KERNELS = load(ROOT / "scripts" / "build_kernels.py")
 SWITCHES = load(ROOT / "flashmla_perm" / "_switches.py")
 
 
-def cuda_mode(torch):
-    """(mode, why off): mode None (the CPU-only module), "auto", "nvcc" or
-    "nvrtc" (the kernels' compiler); stops the build where a switch asks for
+def cuda_kernels(torch):
+    """(NVRTC or None, why off); stops the build where the switch asks for
     what cannot be."""
     raw = os.environ.get("FLASHMLA_PERM_CUDA", "")
-    word = raw.strip().lower()
-    if word in ("nvcc", "nvrtc"):
-        mode = word
-    else:
-        try:
-            on = SWITCHES.parse("FLASHMLA_PERM_CUDA", raw, None)
-        except ValueError as e:
-            raise SystemExit(f"flashmla_perm: {e} (or nvcc, nvrtc)")
-        if on is False:
-            return None, "switched off (FLASHMLA_PERM_CUDA=0)"
-        mode = "auto"
-    if torch.version.cuda is None:
-        reason = f"torch {torch.__version__} has no CUDA (a CPU-only build of torch)"
-        if word:
-            raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA={raw}, but the CUDA side cannot be built: {reason}")
-        return None, reason
-    return mode, ""
+    try:
+        on = SWITCHES.parse("FLASHMLA_PERM_CUDA", raw, None)
+    except ValueError as e:
+        raise SystemExit(f"flashmla_perm: {e}")
+    if on is False:
+        return None, "switched off (FLASHMLA_PERM_CUDA=0)"
+    try:
+        if torch.version.cuda is None:
+            raise KERNELS.Failed(f"torch {torch.__version__} has no CUDA (a CPU-only build of torch)")
+        return KERNELS.Nvrtc(torch), ""
+    except KERNELS.Failed as e:
+        if on:
+            raise SystemExit(f"flashmla_perm: FLASHMLA_PERM_CUDA={raw}, but the CUDA side cannot be built: {e}")
+        return None, str(e)
 
 
 def without_rpath():
@@ -96,8 +88,8 @@ def build_extension():
     from torch.utils import cpp_extension
 
     without_rpath()
-    mode, off_reason = cuda_mode(torch)
-    with_cuda = mode is not None
+    nvrtc, off_reason = cuda_kernels(torch)
+    with_cuda = nvrtc is not None
     config = KERNELS.config()
     macros = [
         ("FLASHMLA_PERM_TORCH_VERSION", f'"{torch.__version__.split("+")[0]}"'),
@@ -114,7 +106,7 @@ def build_extension():
     sources = read_sources(with_cuda)
     libraries = []
     if with_cuda:
-        macros += [("FLASHMLA_PERM_WITH_CUDA", None), ("FLASHMLA_PERM_CUDA_MAJOR", torch.version.cuda.split(".")[0])]
+        macros.append(("FLASHMLA_PERM_WITH_CUDA", None))
         sources.append(str((GENERATED / "kernel_images.cpp").relative_to(ROOT)))
         libraries.append("torch_cuda")  # torch's current CUDA stream, through its C shim
     if set(sys.argv[1:]) & {"egg_info", "dist_info"}:
@@ -134,11 +126,16 @@ def build_extension():
     class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
         def run(self):
             if with_cuda:  # the kernels first: the module embeds them
-                print(KERNELS.build(GENERATED, "auto" if mode == "auto" else mode, torch)[2], flush=True)
+                try:
+                    print(KERNELS.build(GENERATED, torch), flush=True)
+                except KERNELS.Failed as e:
+                    raise SystemExit(f"flashmla_perm: {e}")
             super().run()
 
-    return [extension], {"build_ext": BuildExt}
+    # The module runs only beside the torch it was built against (others load
+    # the reference path): say so to pip, which then refuses a mismatch.
+    return [extension], {"build_ext": BuildExt}, [f"torch=={torch.__version__.split('+')[0]}"]
 
 
-ext_modules, cmdclass = build_extension()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+ext_modules, cmdclass, requires = build_extension()
+setup(ext_modules=ext_modules, cmdclass=cmdclass, install_requires=requires)

@@ -20,7 +20,7 @@ void served(Path path) { counts[static_cast<int>(path)].fetch_add(1, std::memory
 
 bool native_device(const at::Device& device) {
 #ifdef FLASHMLA_PERM_WITH_CUDA
-  if (device.is_cuda()) return true;
+  if (device.is_cuda()) return cuda_device_spec(device).has_value();  // its kernels loaded
 #endif
   return device.is_cpu();
 }
@@ -132,7 +132,7 @@ void run_gpu(const Work& w, const at::Device& device) {
   }
   // Every launch planned, then all of them run (run_cuda allocates all the
   // scratch before the first): nothing is left half-permuted.
-  const DeviceSpec dev = cuda_device_spec(device);
+  const DeviceSpec dev = *cuda_device_spec(device);
   std::vector<std::vector<Launch>> groups;
   std::vector<at::Tensor> arrays = row_arrays;
   arrays.insert(arrays.end(), col_arrays.begin(), col_arrays.end());

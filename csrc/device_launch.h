@@ -1,8 +1,8 @@
 // What the kernels see of the launch planning (launch.h includes this): the
-// figures a kernel is built for and the parameters it takes. Compiled by nvcc,
-// by NVRTC (csrc/cuda/nvrtc.cpp, which hands it the standard headers it
-// lacks: <cstdint>, <cstring>, <type_traits>) and by the host compiler, so it
-// holds nothing but these.
+// figures a kernel is built for and the parameters it takes. Compiled by
+// NVRTC (scripts/build_kernels.py hands it the standard headers it lacks:
+// <cstdint>, <cstring>, <type_traits>) and by the host compiler, so it holds
+// nothing but these.
 #pragma once
 
 #include <cstdint>

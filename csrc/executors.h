@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 #include "launch.h"
@@ -39,8 +40,10 @@ bool run_gather_cpu(const UnitView& view, const int64_t* perm, int64_t n, uint8_
 bool run_gather_cpu(const UnitView& view, const int32_t* perm, int64_t n, uint8_t* buffer, uint64_t* seen);
 
 #ifdef FLASHMLA_PERM_WITH_CUDA
-// The device's figures and the kernels' registers, queried once per device.
-DeviceSpec cuda_device_spec(c10::Device device);
+// The device's figures and the kernels' registers, queried once per device
+// (its kernels loaded first); none where no kernel image loads on it, whose
+// tensors torch's gather serves (cuda::device_origin says why).
+std::optional<DeviceSpec> cuda_device_spec(c10::Device device);
 // Runs groups of launches (each group from one gpu_*_launches call) in order
 // on the device's current stream, allocating the scratch they ask for: all of
 // it before the first launch, so that a failed allocation moves nothing.

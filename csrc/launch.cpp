@@ -1,6 +1,8 @@
 #include "launch.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace flashmla_perm {
 namespace {
@@ -243,6 +245,10 @@ void set_scratch(std::vector<Launch>& launches, int job, uint8_t* scratch) {
 int ctas_per_sm(const DeviceSpec& dev, Kernel kernel, int threads, int64_t smem_bytes) {
   const int warps = (threads + 31) / 32;
   const int regs = dev.regs[static_cast<int>(kernel)];
+  if (regs < 1 || threads < 1)  // a kernel that reports no registers is not one to plan for
+    throw std::invalid_argument(std::string("flashmla_perm: cannot plan ") + kernel_name(kernel) + " with " +
+                                std::to_string(regs) + " registers per thread and " +
+                                std::to_string(threads) + " threads");
   const int regs_per_warp = (regs * 32 + 255) / 256 * 256;  // allocation unit: 256
   int n = std::min(dev.max_ctas_per_sm, dev.threads_per_sm / threads);
   n = std::min(n, dev.regs_per_sm / (regs_per_warp * warps));

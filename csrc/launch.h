@@ -27,8 +27,8 @@ inline int vector_width(std::initializer_list<int64_t> values) {
 enum class Kernel : int { kRows = 0, kSaveHeads = 1, kCols = 2 };
 const char* kernel_name(Kernel k);
 
-// What a launch is sized from. Defaults: an H200 with the registers nvcc
-// 13.0 gives the kernels for sm_90 (the build log's ptxas lines); the
+// What a launch is sized from. Defaults: an H200 with the registers NVRTC
+// 13.0 gives the kernels for sm_90 (python -m flashmla_perm.images); the
 // CUDA launcher fills in the real device's figures and the compiled
 // kernels' registers, so the harness and the model see the GPU's launches.
 struct DeviceSpec {

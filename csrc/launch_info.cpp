@@ -52,6 +52,8 @@ const char* job_kind(const Launch& l, int j) {
   return l.cols[j].staged ? "cols_staged" : "cols_direct";
 }
 
+}  // namespace
+
 LaunchInfo launch_info(const Launch& l) {
   LaunchInfo info{kernel_name(l.kernel), l.grid,  l.threads, l.smem_bytes, l.stages,
                   l.ctas_per_sm,         l.tiles, {}};
@@ -65,6 +67,8 @@ LaunchInfo launch_info(const Launch& l) {
   }
   return info;
 }
+
+namespace {
 
 int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
 
@@ -107,6 +111,8 @@ std::vector<Launch> wo_a_launches(int64_t groups, int64_t out, int64_t cols, int
   return gpu_col_launches(views, plans, offsets, 2, dev);
 }
 
+}  // namespace
+
 // The launches apply.cpp makes for each op.
 std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_t>& dims,
                                  const DeviceSpec& dev) {
@@ -135,8 +141,6 @@ std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_
       op + "' with " + std::to_string(dims.size()) + " dims");
 }
 
-}  // namespace
-
 DeviceFields device_fields(const DeviceSpec& spec) {
   DeviceFields fields;
   for_each_field(spec, [&](const char* name, const auto& field) { fields[name] = field; });
@@ -151,6 +155,9 @@ DeviceFields cuda_device_fields(int) {
   throw std::runtime_error("flashmla_perm was built without CUDA kernels");
 }
 int cuda_resident_ctas_per_sm(const std::string&, int, int64_t, int) {
+  throw std::runtime_error("flashmla_perm was built without CUDA kernels");
+}
+std::vector<LaunchInfo> cuda_driver_launches(const std::string&, const std::vector<int64_t>&, int) {
   throw std::runtime_error("flashmla_perm was built without CUDA kernels");
 }
 #endif

@@ -17,9 +17,7 @@
 #include "launch_info.h"
 #include "overlap.h"
 #ifdef FLASHMLA_PERM_WITH_CUDA
-#include "cuda/kernel_cache.h"
 #include "cuda/kernels.h"
-#include "cuda/nvrtc.h"
 #endif
 
 #ifndef FLASHMLA_PERM_TORCH_VERSION
@@ -49,18 +47,15 @@ py::dict build_info() {
   static const char stamp[] = "flashmla_perm built for torch " FLASHMLA_PERM_TORCH_BUILD;
   py::dict d;
   d["cuda"] = kWithCuda;
-  // The kernels built at install: (arch, compiler) each; "cuda_compiler" is
-  // "nvcc" where nvcc built them, "nvrtc" where NVRTC did or where none were
-  // built (compiled at first use), "" without the CUDA side.
-  py::list kernels;
-  std::string compiler = kWithCuda ? "nvrtc" : "";
+  // The images built at install ("sm_90", ..., "compute_80") and their
+  // compiler ("NVRTC 13.0"); none without the CUDA side.
+  py::list images;
+  std::string compiler;
 #ifdef FLASHMLA_PERM_WITH_CUDA
-  for (const auto& [arch, by] : fp::cuda::installed()) {
-    kernels.append(py::make_tuple(arch, by));
-    if (by.rfind("nvcc", 0) == 0) compiler = "nvcc";
-  }
+  for (const std::string& image : fp::cuda::installed()) images.append(image);
+  compiler = fp::cuda::compiler();
 #endif
-  d["kernels"] = kernels;
+  d["images"] = images;
   d["cuda_compiler"] = compiler;
   d["torch"] = FLASHMLA_PERM_TORCH_VERSION;
   d["cuda_off_reason"] = kWithCuda ? "" : FLASHMLA_PERM_CUDA_OFF_REASON;
@@ -143,83 +138,6 @@ std::string byte_overlap(const PyLayout& a, const std::optional<PyLayout>& b) {
   return names[static_cast<int>(o)];
 }
 
-#ifdef FLASHMLA_PERM_WITH_CUDA
-// "sm_90" -> (9, 0); ValueError for anything else.
-std::pair<int, int> arch_numbers(const std::string& arch) {
-  if (arch.size() < 5 || arch.rfind("sm_", 0) != 0 ||
-      arch.find_first_not_of("0123456789", 3) != std::string::npos)
-    throw std::invalid_argument("arch must be like 'sm_90', got '" + arch + "'");
-  return {std::stoi(arch.substr(3, arch.size() - 4)), arch.back() - '0'};
-}
-
-py::dict origin_dict(const fp::cuda::Origin& o) {
-  py::dict d;
-  d["kind"] = o.kind;
-  d["text"] = o.text;
-  d["seconds"] = o.seconds;
-  return d;
-}
-
-py::dict kernel_origin(const std::string& arch) {
-  const auto [major, minor] = arch_numbers(arch);
-  return origin_dict(fp::cuda::origin(major, minor));
-}
-
-py::dict prepare_kernels(const std::string& arch) {
-  const auto [major, minor] = arch_numbers(arch);
-  fp::cuda::Origin o;
-  {
-    py::gil_scoped_release release;  // NVRTC may take seconds
-    o = fp::cuda::prepare(major, minor);
-  }
-  return origin_dict(o);
-}
-
-// NVRTC's build of the kernels, for python -m flashmla_perm.nvrtc and the
-// tests (no GPU needed): the GIL is released while NVRTC compiles.
-py::dict nvrtc_compile(const std::string& arch, const std::string& extra) {
-  fp::cuda::nvrtc::Compiled c;
-  {
-    py::gil_scoped_release release;
-    c = fp::cuda::nvrtc::compile(arch, extra);
-  }
-  py::dict d;
-  d["log"] = c.log;
-  d["seconds"] = c.seconds;
-  d["cubin_bytes"] = c.cubin.size();
-  return d;
-}
-
-// The disk cache with a source of the tests' (a small one compiles in
-// milliseconds), keyed as the module keys its own.
-py::dict nvrtc_cached(const std::string& arch, const std::string& extra, const std::string& source) {
-  namespace cache = fp::cuda::kernel_cache;
-  cache::Entry e;
-  {
-    py::gil_scoped_release release;
-    e = cache::get(arch, fp::cuda::nvrtc_cache_key(arch, extra, source), [&] {
-      const fp::cuda::nvrtc::Compiled c = fp::cuda::nvrtc::compile(arch, extra, source);
-      return cache::Compiled{c.cubin, c.log, c.seconds};
-    });
-  }
-  py::dict d;
-  d["path"] = e.path;
-  d["compiled"] = e.compiled;
-  d["cubin_bytes"] = e.cubin.size();
-  return d;
-}
-
-py::dict nvrtc_info() {
-  const fp::cuda::nvrtc::Library& lib = fp::cuda::nvrtc::library();  // raises where NVRTC is missing
-  py::dict d;
-  d["version"] = lib.version;
-  d["identity"] = lib.identity;
-  d["path"] = lib.path;
-  d["source_hash"] = fp::cuda::nvrtc::source_hash();
-  return d;
-}
-#endif
-
 }  // namespace
 
 // PyInit__C, as setup.py and CMakeLists.txt name the module.
@@ -249,41 +167,21 @@ PYBIND11_MODULE(_C, m) {
         py::arg("smem_bytes"), py::arg("device") = 0,
         "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs per SM by the CUDA runtime's "
         "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
+  m.def("cuda_driver_launches", &fp::cuda_driver_launches, py::arg("op"), py::arg("dims"), py::arg("device") = 0,
+        "cuda_driver_launches(op, dims, device=0): gpu_launches' launches planned with that GPU's figures and "
+        "kernels, checked and enqueued through the driver: the stand-in driver's tests (tests/stub_cuda).");
 #ifdef FLASHMLA_PERM_WITH_CUDA
-  fp::cuda::find_nvrtc_beside_torch();
-  m.def("kernel_origin", &kernel_origin, py::arg("arch"),
-        "kernel_origin(arch): where the kernels for arch ('sm_90') come from, compiling nothing: kind "
-        "('install', 'cache' or 'compiled'), text, seconds.");
-  m.def("prepare_kernels", &prepare_kernels, py::arg("arch"),
-        "prepare_kernels(arch): the kernels for arch made ready in this process (compiled and cached where "
-        "nothing serves them): kind, text, seconds. No GPU needed.");
-  m.def("device_kernels", &fp::cuda::device_origin, py::arg("device"),
-        "device_kernels(device): where the kernels loaded on that CUDA device came from ('' before its first "
-        "use).");
-  m.def("compiled_kernels", &fp::cuda::compiled_here,
-        "compiled_kernels(): [(arch, where from)] of the kernels this process compiled or read from the "
-        "cache.");
-  m.def("kernel_cache_dir", &fp::cuda::kernel_cache::root,
-        "The kernel cache's folder (its entries: nvrtc/).");
-  m.def("set_kernel_cache_root", &fp::cuda::kernel_cache::set_host_root, py::arg("root"),
-        "set_kernel_cache_root(root): the cache's folder unless FLASHMLA_PERM_CACHE_DIR is set ('' unsets).");
-  m.def("kernel_notes", &fp::cuda::kernel_cache::notes, "What the CUDA side said once (to stderr).");
-  m.def("nvrtc_compile", &nvrtc_compile, py::arg("arch"), py::arg("extra") = "",
-        "nvrtc_compile(arch, extra=''): NVRTC's build of the kernels for arch ('sm_90'): log (ptxas's "
-        "report among it), seconds, cubin_bytes. extra is appended to the source (tests).");
-  m.def("nvrtc_cached", &nvrtc_cached, py::arg("arch"), py::arg("extra") = "", py::arg("source") = "",
-        "nvrtc_cached(arch, extra='', source=''): the kernels for arch through the disk cache: path, "
-        "compiled (False: read from the cache), cubin_bytes. source replaces the kernels' file (tests).");
-  m.def("nvrtc_info", &nvrtc_info,
-        "nvrtc_info(): NVRTC's version, path and identity (size, time), the sources' hash.");
   m.def(
-      "nvrtc_candidates",
-      [] {
-        std::string skipped;
-        std::vector<std::string> c = fp::cuda::nvrtc::candidates(skipped);
-        return py::make_tuple(c, skipped);
+      "load_kernels",
+      [](int device) {
+        fp::cuda::load(device);
+        return fp::cuda::device_origin(device);
       },
-      "nvrtc_candidates(): (where NVRTC is looked for, in order; what was skipped, in words).");
+      py::arg("device"),
+      "load_kernels(device): the kernels loaded on that CUDA device (torch's index) through the driver, as "
+      "its first call loads them; what loaded ('sm_90 cubin ...', 'compute_80 PTX ...') or why none did.");
+  m.def("device_kernels", &fp::cuda::device_origins,
+        "device_kernels(): {device: what load_kernels says} for each device loaded so far; no CUDA call.");
 #endif
   // csrc/overlap.h on byte layouts, b None for a's self-overlap: "no", "yes"
   // or "unknown". Tests hold it against brute force and flashmla_perm/_overlap.py.

@@ -1,4 +1,4 @@
-// Tile bodies: the only code that moves bytes. Written once, compiled by nvcc
+// Tile bodies: the only code that moves bytes. Written once, compiled by NVRTC
 // (CUDA threads, __syncthreads, cp.async) and by the host compiler (one thread
 // per tile, or std::threads with a std::barrier in the host harness). No ATen
 // in here: plain pointers, sizes and strides in small params structs.

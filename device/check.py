@@ -38,7 +38,7 @@ TIMEOUTS = {
     "tests": 65,
     "runtime": 25,
     "first_use": 60,
-    "ptxas": 5,
+    "images": 5,
     "ncu": 25,
     "memcheck": 20,
     "racecheck": 20,
@@ -155,7 +155,7 @@ class Check:
                 if self.dry
                 else {"FLASHMLA_PERM_CUDA": "1", "FLASHMLA_PERM_CUDA_ARCHS": self.arch}
             )
-            shutil.rmtree(self.work, ignore_errors=True)  # from nothing: the log holds every kernel's ptxas lines
+            shutil.rmtree(self.work, ignore_errors=True)  # from nothing
             self.python(
                 "setup.py",
                 "build_ext",
@@ -257,35 +257,22 @@ class Check:
         self.pytest("runtime", "tests/test_cuda_runtime.py")
 
     def step_first_use(self):
-        """The first call of a fresh process: with the kernels built at install
-        (nothing to compile), then with NVRTC's (FLASHMLA_PERM_JIT=1) from an
-        empty cache and from the cache, each the first op of its process,
-        bytes checked; the TP1 bench on NVRTC's kernels (their speed beside
-        the bench step's, the install's); the kernels' tests."""
-        cache = os.path.join(self.work, "kernel_cache")
-        shutil.rmtree(cache, ignore_errors=True)
-        jit = {"FLASHMLA_PERM_JIT": "1", "FLASHMLA_PERM_CACHE_DIR": cache}
+        """The first call of a fresh process, bytes checked: with the install's
+        cubin, then with its PTX (FLASHMLA_PERM_PTX=1, which the driver
+        compiles at that call); the TP1 bench on the PTX's kernels (their
+        speed beside the bench step's, the cubin's); the kernels' tests."""
+        ptx = {"FLASHMLA_PERM_PTX": "1"}
         if not self.dry:
-            self.python("-c", FIRST_CALL, "install", env={"FLASHMLA_PERM_CACHE_DIR": cache})
-            for way in ("nvrtc", "nvrtc_cached"):
-                self.python("-c", FIRST_CALL, way, env=jit)
+            self.python("-c", FIRST_CALL, "cubin")
+            self.python("-c", FIRST_CALL, "ptx", env=ptx)
             self.bench(
-                "--tp",
-                "1",
-                "--kinds",
-                "wq_b,wo_a",
-                "--backends",
-                "native",
-                "--json",
-                self.path("first_use_bench.json"),
-                env=jit,
-            )
+                "--tp", "1", "--kinds", "wq_b,wo_a", "--backends", "native",
+                "--json", self.path("first_use_bench.json"), env=ptx,
+            )  # fmt: skip
         self.pytest("first_use", "tests/test_kernels.py")
 
-    def step_ptxas(self):  # dry: no CUDA build, nothing to gate
-        self.dry or self.python(
-            "-m", "flashmla_perm.nvrtc", "--gate", "--log", self.path("build.log"), "--json", self.path("ptxas.json")
-        )
+    def step_images(self):  # dry: no CUDA build, nothing to gate
+        self.dry or self.python("-m", "flashmla_perm.images", "--gate", "--json", self.path("images.json"))
 
     def step_ncu(self):
         """One ncu pass a kind over one native call, our kernels only (the
@@ -445,17 +432,17 @@ class Check:
                 "first_call_s": {m[0]: float(m[1]) for m in re.findall(r"^FIRST_CALL_(\w+)_S ([\d.]+)$", log, re.M)},
                 "kernels": re.findall(r"^KERNELS (.*)$", log, re.M),
                 **junit(self.path("first_use.xml")),
-                "nvrtc_rows": {
+                "ptx_rows": {
                     f"{r['kind']} tp{r['tp']}": {k: r.get(k) for k in ("device_ms_per_layer", "x_copy_device")}
                     for r in doc.get("rows", [])
                 },
             }
-        if name == "ptxas":
-            ks = load_json(self.path("ptxas.json")) or []
+        if name == "images":
+            ks = [k for image in load_json(self.path("images.json")) or [] for k in image.get("kernels", {}).values()]
             return {
                 "kernels": len(ks),
                 "max_registers": max((k.get("registers", 0) for k in ks), default=None),
-                "spill_bytes": sum(k.get("spill_stores", 0) + k.get("spill_loads", 0) for k in ks),
+                "stack_or_local_bytes": sum(k.get("stack", 0) + k.get("local", 0) for k in ks),
             }
         if name == "ncu":
             return {
@@ -556,10 +543,9 @@ class Check:
         return 0 if all(s["status"] == "ok" for s in self.steps) else 1
 
 
-# A process's first op (argv[1]: install, nvrtc or nvrtc_cached): the
-# seconds of the first call (loading the kernels, or compiling or reading
-# the cache, then loading; the launch), its bytes against the reference, and
-# where its kernels came from.
+# A process's first op (argv[1]: cubin or ptx): the seconds of the first call
+# (loading the kernels, the driver compiling the PTX; the launch), its bytes
+# against the reference, and what loaded.
 FIRST_CALL = """
 import sys, time, torch, flashmla_perm as f
 from flashmla_perm import _ops
@@ -573,7 +559,7 @@ start = time.perf_counter()
 f.permute_wq_b_(w, s, 8)
 torch.cuda.synchronize()
 print(f"FIRST_CALL_{sys.argv[1].upper()}_S {time.perf_counter() - start:.3f}")
-print("KERNELS", sys.argv[1], _ops._C.device_kernels(torch.cuda.current_device()))
+print("KERNELS", sys.argv[1], f.build_info()["devices"][torch.cuda.current_device()])
 assert torch.equal(w, want[0]) and torch.equal(s, want[1]), "the kernels moved bytes wrongly"
 """
 

@@ -6,12 +6,9 @@ Same names, signatures and results as the reference functions
 ``torch.ops.flashmla_perm.*``.
 """
 
-import os
-
 import torch
 
-
-from . import _ops, _switches
+from . import _ops
 from . import flashmla  # noqa: F401  (fp.flashmla.permute_q_b_proj)
 from ._ops import path_counts
 from ._version import __version__
@@ -27,15 +24,6 @@ from .reference import (
     o_fused_permutation,
     q_fused_permutation,
 )
-
-# What the native module reads of the environment, refused at import where
-# wrong (it checks again where it reads them).
-_switches.switch("FLASHMLA_PERM_JIT", False)
-if os.environ.get("FLASHMLA_PERM_CACHE_DIR", "") and not os.path.isabs(os.environ["FLASHMLA_PERM_CACHE_DIR"]):
-    raise ValueError(
-        "flashmla_perm: FLASHMLA_PERM_CACHE_DIR must be an absolute path, "
-        f"got {os.environ['FLASHMLA_PERM_CACHE_DIR']!r}"
-    )
 
 __all__ = [
     "HEAD_DIM",
@@ -104,24 +92,22 @@ def unpermute_wo_a_(weight: torch.Tensor, weight_scale: torch.Tensor, heads_per_
 
 
 def build_info() -> dict:
-    """What runs here: ``native`` (the native module loaded), ``cuda`` (its
-    CUDA side), ``kernels`` (per architecture, where its kernels come from:
-    ``"built at install by nvcc 13.0.88"`` or ``"... by NVRTC 13.0"``; each
-    also runs on the later minors of its family; any other architecture's
-    are compiled at first use by NVRTC and cached in ``kernel_cache``, and
-    listed here once this process has them),
-    ``cuda_archs`` (those built at install), ``cuda_compiler`` (``"nvcc"``
-    where nvcc built them, else ``"nvrtc"``; None without CUDA), ``torch``
-    (the version built against), ``version``; ``native_error`` says why the
-    native module is not used, if it is not, and ``cuda_off_reason`` why the
-    CUDA side is off (None when it is on)."""
+    """What runs here, calling nothing of CUDA: ``native`` (the native module
+    loaded), ``cuda`` (its CUDA side), ``cuda_compiler`` (``"NVRTC 13.0"``,
+    torch's, which built the kernels at install), ``cuda_archs`` (the cubins:
+    each also runs on the later minors of its family), ``cuda_ptx`` (the PTX
+    image any later GPU loads), ``devices`` (each CUDA device this process
+    used: what loaded on it, or why torch's gather serves it), ``torch`` (the
+    version built against), ``version``; ``native_error`` says why the native
+    module is not used, if it is not, and ``cuda_off_reason`` why the CUDA
+    side is off (None when it is on)."""
     info = {
         "native": _ops._C is not None,
         "cuda": False,
         "cuda_compiler": None,
         "cuda_archs": [],
-        "kernels": {},
-        "kernel_cache": None,
+        "cuda_ptx": None,
+        "devices": {},
         "torch": None,
         "version": __version__,
         "native_error": _ops.native_error,
@@ -130,16 +116,11 @@ def build_info() -> dict:
     if _ops._C is not None:
         built = _ops._C.build_info()
         info["cuda"] = bool(built["cuda"])
-        info["cuda_compiler"] = built.get("cuda_compiler") or None
-        info["kernels"] = {arch: f"built at install by {by}" for arch, by in built.get("kernels", [])}
-        info["cuda_archs"] = list(info["kernels"])
+        info["cuda_compiler"] = built["cuda_compiler"] or None
+        info["cuda_archs"] = [i for i in built["images"] if i.startswith("sm_")]
+        info["cuda_ptx"] = next((i for i in built["images"] if i.startswith("compute_")), None)
         info["torch"] = built["torch"]
-        info["cuda_off_reason"] = (
-            None
-            if info["cuda"]
-            else (built.get("cuda_off_reason") or "unknown (a module built before it recorded why)")
-        )
+        info["cuda_off_reason"] = None if info["cuda"] else built["cuda_off_reason"]
         if info["cuda"]:
-            info["kernels"].update(_ops._C.compiled_kernels())  # this process's first uses
-            info["kernel_cache"] = _ops._C.kernel_cache_dir()
+            info["devices"] = _ops._C.device_kernels()
     return info

@@ -263,34 +263,16 @@ def _devices_text(info):
 
 
 def _kernels_text(info):
-    """Where this machine's GPUs get their kernels; without a GPU seen, what
-    the install built."""
+    """The image this machine's GPUs load (NVML's view: nothing of CUDA is
+    called here); without a GPU seen, what the install built."""
     from . import _kernels
 
+    built = f"built at install by {info['cuda_compiler']}"
     archs = _kernels.gpu_archs()
     if archs:
-        return "kernels for " + _kernels.describe(archs, _kernels.warming())
-    built = ", ".join(info["cuda_archs"]) or "none"
-    return f"kernels built at install for {built}; others compiled at first use by NVRTC"
-
-
-def _prepare_kernels():
-    """Our kernel cache inside vLLM's, and the kernels of a GPU the install
-    did not build compiled in the background from now on, off the load's
-    critical path (docs/design.md, "What a first load sees"). What it could
-    not do, in words for the log line, or ""."""
-    import flashmla_perm
-
-    from . import _kernels
-
-    try:
-        if not flashmla_perm.build_info()["cuda"]:
-            return ""
-        said = _kernels.use_vllm_cache()
-        _kernels.warm_in_background(_kernels.gpu_archs())
-        return said
-    except Exception as e:  # noqa: BLE001 -- the routing does not depend on it
-        return f"; the kernels were not prepared ({type(e).__name__}: {e})"
+        images = ", ".join(f"{a}: {_kernels.image_for(a, info['cuda_archs'], info['cuda_ptx'])}" for a in archs)
+        return f"kernels {built}; {images}"
+    return f"kernels {built} for {', '.join(info['cuda_archs'])} and PTX for {info['cuda_ptx']}"
 
 
 def _route(fused_layout):
@@ -373,9 +355,6 @@ def register() -> None:
     """vLLM's general-plugin hook: idempotent, never raises."""
     try:
         why = _why_not()
-        # Only where there is something to route: other models pay nothing.
-        routes = not why and (FUSED_LAYOUT in sys.modules or _fused_layout_file_exists())
-        said = _prepare_kernels() if routes else ""
         if why:
             line = f"changed nothing: {why}"
         elif FUSED_LAYOUT in sys.modules:
@@ -385,7 +364,6 @@ def register() -> None:
         else:
             sys.meta_path = [_RouteOnImport()] + [f for f in sys.meta_path if type(f) is not _RouteOnImport]
             line = f"will route vLLM's permute_on_load when {FUSED_LAYOUT} is imported"
-        line += said
     except Exception as e:  # noqa: BLE001 -- a plugin must not stop vLLM's start-up
         line = f"changed nothing: {type(e).__name__}: {e}"
     logger.info("flashmla_perm: %s", line)

@@ -70,9 +70,23 @@ def test_the_cuda_device_helpers_raise_where_no_gpu_answers():
     raises a RuntimeError without one: a CPU build says it has no CUDA
     kernels, a CUDA build that finds no driver (or too old a one) says so."""
     want = "CUDA driver" if flashmla_perm.build_info()["cuda"] else "without CUDA kernels"
-    for call in (lambda: _ops._C.cuda_device_fields(0), lambda: _ops._C.cuda_resident_ctas_per_sm("rows", 128, 0, 0)):
+    for call in (
+        lambda: _ops._C.cuda_device_fields(0),
+        lambda: _ops._C.cuda_resident_ctas_per_sm("rows", 128, 0, 0),
+        lambda: _ops._C.cuda_driver_launches("wo_a", [1024, 4096, 8], 0),
+    ):
         with pytest.raises(RuntimeError, match=want):
             call()
+
+
+@needs_native
+@pytest.mark.parametrize("kernel", ["rows", "cols"])  # the model ops plan no save_heads
+def test_the_planner_refuses_a_kernel_that_reports_no_registers(kernel):
+    """A driver (or a stand-in) that reports 0 registers per thread must not
+    divide the planner by zero: it says which kernel."""
+    op, dims = ("wo_a", [1024, 4096, 8]) if kernel == "cols" else ("wq_b", [64 * 512, 1280, 64])
+    with pytest.raises(ValueError, match=f"cannot plan {kernel} with 0 registers"):
+        _ops._C.gpu_launches(op, dims, {f"regs_{kernel}": 0})
 
 
 @needs_native

@@ -679,110 +679,31 @@ def test_register_says_where_it_runs_natively(vllm_names, plugin_log, monkeypatc
     assert expected in plugin_log[0].getMessage(), plugin_log[0].getMessage()
 
 
-class CudaSide:
-    """The native module as a CUDA build has it, on any machine: the real
-    module, plus its kernel calls (what sm_100 and sm_110 would be given)."""
-
-    def __init__(self, real, release=None):
-        self.real, self.roots, self.prepared, self.release = real, [], [], release
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def kernel_origin(self, arch):
-        if arch == "sm_100":
-            return {"kind": "install", "text": "built at install by nvcc 13.0.88", "seconds": 0.0}
-        return {"kind": "compiled", "text": "compiled at first use by NVRTC (not in the cache)", "seconds": 0.0}
-
-    def prepare_kernels(self, arch):
-        self.prepared.append(arch)
-        self.release.wait(60)  # the compile still running while the line is written
-        return {"kind": "compiled", "text": "compiled by NVRTC 13.0 in 4.0 s", "seconds": 4.0}
-
-    def set_kernel_cache_root(self, root):
-        self.roots.append(root)
-
-    def kernel_cache_dir(self):
-        return self.roots[-1] if self.roots else "/home/user/.cache/flashmla_perm"
-
-
 @pytest.fixture
 def cuda_side(monkeypatch):
-    """A CUDA build's module on this machine, its GPU named by the test."""
-    import threading
-
-    from flashmla_perm import _kernels, _ops
-
-    side = CudaSide(_ops._C, threading.Event())
-    info = dict(flashmla_perm.build_info(), cuda=True, cuda_compiler="nvcc", cuda_off_reason=None)
-    info["cuda_archs"] = ["sm_80", "sm_90", "sm_100", "sm_103", "sm_120"]
-    monkeypatch.setattr(_ops, "_C", side)
+    """What a CUDA build's build_info says, on any machine."""
+    info = dict(flashmla_perm.build_info(), cuda=True, cuda_compiler="NVRTC 13.0", cuda_off_reason=None)
+    info.update(cuda_archs=["sm_80", "sm_90", "sm_100", "sm_103", "sm_120"], cuda_ptx="compute_80")
     monkeypatch.setattr(flashmla_perm, "build_info", lambda: info)
-    monkeypatch.setattr(_kernels, "_warming", {})
-    monkeypatch.delenv("FLASHMLA_PERM_CACHE_DIR", raising=False)
-    yield side
-    side.release.set()
-    for thread in list(_kernels._warming.values()):
-        thread.join()
+    return info
 
 
-def test_register_says_where_the_gpus_kernels_come_from(vllm_names, plugin_log, monkeypatch, cuda_side):
+@pytest.mark.parametrize("gpu, image", [("sm_100", "sm_100 cubin"), ("sm_121", "sm_120 cubin"),
+                                        ("sm_110", "compute_80 PTX")])  # fmt: skip
+def test_register_says_which_image_the_gpu_loads(vllm_names, plugin_log, monkeypatch, cuda_side, gpu, image):
     needs_native()
     from flashmla_perm import _kernels, vllm_plugin
 
-    monkeypatch.setattr(_kernels, "gpu_archs", lambda: ["sm_100"])
+    monkeypatch.setattr(_kernels, "gpu_archs", lambda: (gpu,))
     vllm_plugin.register()
     assert routed(vllm_names)
     said = plugin_log[0].getMessage()
-    assert "(in place, native on cpu and cuda (kernels for sm_100 built at install by nvcc 13.0.88))" in said, said
-    assert cuda_side.prepared == []  # nothing to compile
+    assert f"(in place, native on cpu and cuda (kernels built at install by NVRTC 13.0; {gpu}: {image}))" in said, said
     # No GPU seen (NVML absent): what the install built.
-    monkeypatch.setattr(_kernels, "gpu_archs", lambda: [])
-    assert "kernels built at install for sm_80, sm_90, sm_100, sm_103, sm_120; others compiled at first use" in (
+    monkeypatch.setattr(_kernels, "gpu_archs", lambda: ())
+    assert "kernels built at install by NVRTC 13.0 for sm_80, sm_90, sm_100, sm_103, sm_120 and PTX for compute_80" in (
         vllm_plugin._devices_text(flashmla_perm.build_info())
     )
-
-
-def test_register_compiles_a_gpu_the_install_did_not_build_in_the_background(
-    vllm_names, plugin_log, monkeypatch, cuda_side
-):
-    """sm_110: NVRTC starts at registration, on a thread, and the line says
-    so; a fork waits for it (a child must not inherit its locks held)."""
-    needs_native()
-    from flashmla_perm import _kernels, vllm_plugin
-
-    monkeypatch.setattr(_kernels, "gpu_archs", lambda: ["sm_110"])
-    vllm_plugin.register()
-    assert routed(vllm_names)
-    assert cuda_side.prepared == ["sm_110"]
-    assert "kernels for sm_110 compiling in the background by NVRTC" in plugin_log[0].getMessage()
-    vllm_plugin.register()  # again: no second compile
-    assert cuda_side.prepared == ["sm_110"]
-    threading = __import__("threading")
-    threading.Timer(0.3, cuda_side.release.set).start()
-    pid = os.fork()
-    if pid == 0:  # the child: forked only once the compile was done
-        os._exit(0 if not _kernels.warming() and cuda_side.release.is_set() else 1)
-    assert os.waitpid(pid, 0)[1] == 0
-
-
-def test_register_puts_the_kernel_cache_inside_vllms(vllm_names, plugin_log, monkeypatch, cuda_side, tmp_path):
-    needs_native()
-    from flashmla_perm import vllm_plugin
-
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    vllm_plugin.register()
-    assert cuda_side.roots == [f"{tmp_path}/flashmla_perm"]
-    monkeypatch.setenv("FLASHMLA_PERM_CACHE_DIR", "/elsewhere")  # ours, where set, wins
-    vllm_plugin.register()
-    assert cuda_side.roots == [f"{tmp_path}/flashmla_perm"]
-    monkeypatch.delenv("FLASHMLA_PERM_CACHE_DIR")
-    monkeypatch.setenv("VLLM_CACHE_ROOT", "rel/cache")
-    plugin_log.clear()
-    vllm_plugin.register()
-    assert cuda_side.roots == [f"{tmp_path}/flashmla_perm"]
-    said = plugin_log[0].getMessage()
-    assert "VLLM_CACHE_ROOT=rel/cache is not an absolute path: kernel cache in" in said, said
 
 
 @pytest.mark.parametrize("value", ["0", "false", " OFF ", "No"])

@@ -19,6 +19,8 @@ void bind(void* lib, const char* name, F& f) {
   if (!f) fail(std::string("the CUDA driver library libcuda.so.1 has no ") + name);
 }
 
+void* library = nullptr;
+
 }  // namespace
 
 const Driver& driver() {
@@ -30,6 +32,7 @@ const Driver& driver() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) fail(std::string("cannot open the CUDA driver library libcuda.so.1: ") + dlerror());
+    library = lib;
     bind(lib, "cuInit", d.Init);
     bind(lib, "cuDeviceGet", d.DeviceGet);
     bind(lib, "cuDeviceGetAttribute", d.DeviceGetAttribute);
@@ -41,6 +44,7 @@ const Driver& driver() {
     bind(lib, "cuModuleUnload", d.ModuleUnload);
     bind(lib, "cuFuncGetAttribute", d.FuncGetAttribute);
     bind(lib, "cuFuncSetAttribute", d.FuncSetAttribute);
+    d.FuncGetParamInfo = reinterpret_cast<decltype(d.FuncGetParamInfo)>(dlsym(lib, "cuFuncGetParamInfo"));
     bind(lib, "cuOccupancyMaxActiveBlocksPerMultiprocessor", d.OccupancyMaxActiveBlocksPerMultiprocessor);
     bind(lib, "cuLaunchKernel", d.LaunchKernel);
     bind(lib, "cuStreamIsCapturing", d.StreamIsCapturing);
@@ -54,6 +58,11 @@ const Driver& driver() {
     }
   });
   return d;
+}
+
+bool stand_in() {
+  driver();
+  return dlsym(library, "flashmla_perm_stand_in") != nullptr;
 }
 
 void check(CUresult r, const char* call) {

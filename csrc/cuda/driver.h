@@ -33,6 +33,7 @@ enum DeviceAttribute : int {
 };
 enum FunctionAttribute : int {
   kNumRegs = 4,                         // CU_FUNC_ATTRIBUTE_NUM_REGS
+  kMaxDynamicSharedSizeBytes = 8,       // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
   kPreferredSharedMemoryCarveout = 9,   // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 };
 constexpr int kCarveoutMaxShared = 100;      // CU_SHAREDMEM_CARVEOUT_MAX_SHARED
@@ -57,6 +58,9 @@ struct Driver {
   CUresult (*ModuleUnload)(CUmodule);
   CUresult (*FuncGetAttribute)(int*, int, CUfunction);
   CUresult (*FuncSetAttribute)(CUfunction, int, int);
+  // (index, offset, size) of a kernel's parameter; null where the driver
+  // predates it (CUDA 12.4).
+  CUresult (*FuncGetParamInfo)(CUfunction, size_t, size_t*, size_t*);
   CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void**, void**);
@@ -68,6 +72,9 @@ struct Driver {
 // The driver library (libcuda.so.1, which torch has loaded wherever a GPU is
 // in use), initialised once.
 const Driver& driver();
+// Whether the driver opened is the tests' stand-in (tests/stub_cuda), which
+// runs no kernel and so takes launches on fake addresses.
+bool stand_in();
 // Throws, naming `call` and the driver's words for `r`, unless r is success.
 void check(CUresult r, const char* call);
 

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,16 +35,15 @@ cuda::CUstream current_stream(c10::Device device) {
   return static_cast<cuda::CUstream>(stream);
 }
 
-// The device's kernels, loaded on its first use. Not under graph capture:
-// loading them (and compiling, where the install built none for this
-// architecture) is no work a capture can record, so that first use must
-// come before it, as a plan's upload must (apply.cpp).
-void load_kernels(c10::Device device) {
-  if (cuda::loaded(device.index())) return;
+// The device's kernels, loaded on its first use; whether it has them. Not
+// under graph capture: loading a module is no work a capture can record, so
+// that first use must come before it, as a plan's upload must (apply.cpp).
+bool load_kernels(c10::Device device) {
+  if (cuda::loaded(device.index())) return true;
   TORCH_CHECK(!cuda_capturing(device), "flashmla_perm: the CUDA kernels are not loaded on ", device,
               " yet, and the stream is capturing a CUDA graph; call the op once before capture (warm-up) so "
               "that they are loaded outside it");
-  cuda::load(device.index());  // throws std::runtime_error, torch's RuntimeError
+  return cuda::load(device.index());  // throws std::runtime_error, torch's RuntimeError
 }
 
 }  // namespace
@@ -67,12 +67,37 @@ static int env_whole_number(const char* name, int lowest, int highest, int unset
   return static_cast<int>(n);
 }
 
-DeviceSpec cuda_device_spec(c10::Device device) {
+namespace {
+
+// GPU `index`'s figures and its loaded kernels' registers, as the planner
+// takes them, through the driver alone.
+DeviceSpec driver_spec(int index) {
+  DeviceSpec s;
+  const cuda::ContextGuard context(index);
+  using cuda::device_attribute;
+  s.sm_count = device_attribute(index, cuda::kMultiprocessorCount);
+  s.smem_per_sm = device_attribute(index, cuda::kMaxSharedMemoryPerMultiprocessor);
+  s.smem_reserved_per_cta = device_attribute(index, cuda::kReservedSharedMemoryPerBlock);
+  s.threads_per_sm = device_attribute(index, cuda::kMaxThreadsPerMultiprocessor);
+  s.regs_per_sm = device_attribute(index, cuda::kMaxRegistersPerMultiprocessor);
+  s.max_ctas_per_sm = device_attribute(index, cuda::kMaxBlocksPerMultiprocessor);
+  for (const Kernel k : {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols})
+    s.regs[static_cast<int>(k)] = cuda::registers(index, k);
+  s.max_ctas_per_sm =
+      std::min(s.max_ctas_per_sm, env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
+  s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
+  s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
+  s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
+  return s;
+}
+
+}  // namespace
+
+std::optional<DeviceSpec> cuda_device_spec(c10::Device device) {
   // Queried once per device: no driver call on the hot path. The lock is
-  // not held while the kernels load (a first compile takes seconds): other
-  // devices' calls go on meanwhile.
+  // not held while the kernels load: other devices' calls go on meanwhile.
   static std::mutex mu;
-  static std::vector<std::pair<int, DeviceSpec>> specs;
+  static std::vector<std::pair<int, std::optional<DeviceSpec>>> specs;
   const int index = device.index();
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -80,34 +105,36 @@ DeviceSpec cuda_device_spec(c10::Device device) {
       if (i == index) return s;
   }
   const c10::DeviceGuard guard(device);
-  load_kernels(device);
-  DeviceSpec s;
-  {
-    const cuda::ContextGuard context(index);
-    using cuda::device_attribute;
-    s.sm_count = device_attribute(index, cuda::kMultiprocessorCount);
-    s.smem_per_sm = device_attribute(index, cuda::kMaxSharedMemoryPerMultiprocessor);
-    s.smem_reserved_per_cta = device_attribute(index, cuda::kReservedSharedMemoryPerBlock);
-    s.threads_per_sm = device_attribute(index, cuda::kMaxThreadsPerMultiprocessor);
-    s.regs_per_sm = device_attribute(index, cuda::kMaxRegistersPerMultiprocessor);
-    s.max_ctas_per_sm = device_attribute(index, cuda::kMaxBlocksPerMultiprocessor);
-    for (const Kernel k : {Kernel::kRows, Kernel::kSaveHeads, Kernel::kCols})
-      s.regs[static_cast<int>(k)] = cuda::registers(index, k);
-  }
-  s.max_ctas_per_sm =
-      std::min(s.max_ctas_per_sm, env_whole_number("FLASHMLA_PERM_MAX_CTAS_PER_SM", 1, 1024, 1024));
-  s.col_stages = env_whole_number("FLASHMLA_PERM_COL_STAGES", 1, 2, s.col_stages);
-  s.row_stages = env_whole_number("FLASHMLA_PERM_ROW_STAGES", 1, 2, s.row_stages);
-  s.tile_budget = env_whole_number("FLASHMLA_PERM_TILE_BUDGET", 1024, kGpuTileBudget, kGpuTileBudget);
+  std::optional<DeviceSpec> spec;
+  if (load_kernels(device)) spec = driver_spec(index);
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& [i, found] : specs)
     if (i == index) return found;  // another thread's, the same
-  specs.emplace_back(index, s);
-  return s;
+  specs.emplace_back(index, spec);
+  return spec;
+}
+
+std::vector<LaunchInfo> cuda_driver_launches(const std::string& op, const std::vector<int64_t>& dims, int index) {
+  if (!cuda::stand_in())
+    throw std::runtime_error("cuda_driver_launches enqueues launches on fake addresses: only a stand-in driver "
+                             "(tests/stub_cuda) takes them");
+  if (!cuda::load(index)) throw std::runtime_error("flashmla_perm: " + cuda::device_origin(index));
+  const std::vector<Launch> launches = launches_for(op, dims, driver_spec(index));
+  const cuda::ContextGuard context(index);
+  for (const Launch& l : launches) cuda::check_launch(index, l);
+  std::vector<LaunchInfo> infos;
+  for (const Launch& l : launches) {
+    cuda::launch(index, l, nullptr);
+    infos.push_back(launch_info(l));
+  }
+  return infos;
 }
 
 DeviceFields cuda_device_fields(int index) {
-  return device_fields(cuda_device_spec(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index))));
+  const std::optional<DeviceSpec> spec =
+      cuda_device_spec(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
+  TORCH_CHECK(spec, "flashmla_perm: ", cuda::device_origin(index));
+  return device_fields(*spec);
 }
 
 int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t smem_bytes, int index) {
@@ -119,7 +146,7 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
                     "'cols', got '",
                     kernel, "'");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
-  cuda_device_spec(device);  // loads the kernels, once per device
+  TORCH_CHECK(cuda_device_spec(device), "flashmla_perm: ", cuda::device_origin(index));  // loads them
   const cuda::ContextGuard context(index);
   return cuda::resident_ctas_per_sm(index, *k, threads, smem_bytes);
 }
@@ -150,6 +177,12 @@ void run_cuda(std::vector<std::vector<Launch>> groups, c10::Device device,
   const c10::Stream current = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(device);
   for (const at::Tensor& a : arrays) const_cast<at::Tensor&>(a).record_stream(current);
   const cuda::ContextGuard context(device.index());
+  // Every launch checked before the first is queued: what the driver would
+  // refuse raises with nothing moved. (A launch that fails in the driver
+  // after others were queued leaves their tensors permuted: docs/api.md.)
+  for (const std::vector<Launch>& launches : groups)
+    for (const Launch& l : launches)
+      if (l.tiles > 0) cuda::check_launch(device.index(), l);
   for (const std::vector<Launch>& launches : groups)
     for (const Launch& l : launches)
       if (l.tiles > 0) cuda::launch(device.index(), l, stream);

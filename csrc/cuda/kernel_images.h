@@ -1,7 +1,7 @@
-// The kernels built at install: one cubin per architecture, compiled by
-// scripts/build_kernels.py (nvcc or NVRTC, the architectures side by side)
-// and embedded in the module (kernel_images.cpp, generated beside
-// nvrtc_sources.h). Part of the binary: nothing to find, check or trust at
+// The kernels built at install by torch's NVRTC (scripts/build_kernels.py):
+// one cubin per architecture ("sm_90") and one PTX image ("compute_80", NUL
+// terminated) for any later GPU, embedded in the module (the generated
+// kernel_images.cpp). Part of the binary: nothing to find, check or trust at
 // run time, and a wheel built once carries them.
 #pragma once
 
@@ -11,11 +11,11 @@ namespace flashmla_perm {
 namespace cuda {
 
 struct KernelImage {
-  const char* arch;      // "sm_90"
-  const char* compiler;  // "nvcc 13.0.88" or "NVRTC 13.0"
-  const unsigned char* cubin;
+  const char* target;  // "sm_90" (a cubin) or "compute_80" (PTX)
+  const unsigned char* data;
   size_t size;
 };
+extern const char kKernelCompiler[];  // "NVRTC 13.0"
 extern const KernelImage kKernelImages[];
 extern const int kNumKernelImages;
 

@@ -1,16 +1,10 @@
 #include "cuda/kernels.h"
 
-#include <dlfcn.h>
-
 #include <map>
-#include <memory>
 #include <mutex>
 #include <stdexcept>
 
-#include "cuda/kernel_cache.h"
 #include "cuda/kernel_images.h"
-#include "cuda/nvrtc.h"
-#include "cuda/torch_stream.h"
 #include "switches.h"
 
 namespace flashmla_perm {
@@ -18,34 +12,32 @@ namespace cuda {
 namespace {
 
 // The kernels by their extern "C" names (csrc/cuda/kernels.cu), in the
-// order Loaded::functions holds them.
+// order Loaded::functions holds them, with the size of the one parameter
+// each takes, as this side lays it out.
 constexpr int kNumFunctions = 4;
 const char* const kKernelNames[kNumFunctions] = {"flashmla_perm_rows", "flashmla_perm_save_heads",
                                                  "flashmla_perm_cols_staged", "flashmla_perm_cols_direct"};
+const size_t kParamBytes[kNumFunctions] = {sizeof(Jobs<RowJob>), sizeof(Jobs<RowJob>), sizeof(Jobs<ColJob>),
+                                           sizeof(Jobs<ColJob>)};
 int function_of(Kernel kernel, bool staged) {
   if (kernel == Kernel::kRows) return 0;
   if (kernel == Kernel::kSaveHeads) return 1;
   return staged ? 2 : 3;
 }
 
-std::string arch_name(int major, int minor) { return "sm_" + std::to_string(major) + std::to_string(minor); }
+bool is_cubin(const KernelImage& image) { return std::string(image.target).rfind("sm_", 0) == 0; }
 
-// FLASHMLA_PERM_JIT=1: every architecture's kernels compiled at first use,
-// as if none had been built at install (the NVRTC path, on any GPU).
-bool jit_only() {
-  static const bool jit = env_switch("FLASHMLA_PERM_JIT", false);
-  return jit;
-}
-
-// The image built at install that runs on sm_<major><minor>: its own, else
-// the newest older minor of its major (a cubin runs on later minors of its
-// family: sm_80's on sm_86 and sm_89, sm_100's on sm_103, sm_120's on sm_121).
-const KernelImage* install_image(int major, int minor) {
-  if (jit_only()) return nullptr;
+// The cubin that runs on sm_<major><minor>: its own, else the newest older
+// minor of its major (sm_80's runs on sm_86 and sm_89, sm_100's on sm_103,
+// sm_120's on sm_121). FLASHMLA_PERM_PTX=1 (tests, the device check): none,
+// so that the PTX loads on any GPU.
+const KernelImage* family_cubin(int major, int minor) {
+  static const bool ptx_only = env_switch("FLASHMLA_PERM_PTX", false);
   const KernelImage* best = nullptr;
   int best_minor = -1;
-  for (int i = 0; i < kNumKernelImages; ++i) {
-    const std::string a = kKernelImages[i].arch;  // "sm_XY", X one or two digits, Y one
+  for (int i = 0; i < kNumKernelImages && !ptx_only; ++i) {
+    if (!is_cubin(kKernelImages[i])) continue;
+    const std::string a = kKernelImages[i].target;  // "sm_XY", X one or two digits, Y one
     const int m = std::stoi(a.substr(3, a.size() - 4)), n = a.back() - '0';
     if (m == major && n <= minor && n > best_minor) {
       best = &kKernelImages[i];
@@ -55,82 +47,17 @@ const KernelImage* install_image(int major, int minor) {
   return best;
 }
 
-std::string image_text(const KernelImage& image, int major, int minor) {
-  const std::string own = arch_name(major, minor);
-  return std::string("built at install by ") + image.compiler +
-         (own == image.arch ? std::string() : std::string(" (") + image.arch + "'s kernels)");
-}
-
-// An architecture's kernels, once ready.
-struct Ready {
-  std::string storage;  // a compiled or cached cubin (install images live in the binary)
-  const void* cubin = nullptr;
-  Origin origin;
-};
-std::mutex ready_mu;
-std::map<std::string, std::shared_ptr<std::mutex>> arch_mu;  // one compile per architecture
-std::map<std::string, std::shared_ptr<const Ready>> ready_by_arch;
-
-std::shared_ptr<const Ready> compiled_ready(const std::string& arch) {
-  auto r = std::make_shared<Ready>();
-  const kernel_cache::Entry e = kernel_cache::get(arch, nvrtc_cache_key(arch), [&] {
-    const nvrtc::Compiled c = nvrtc::compile(arch);
-    return kernel_cache::Compiled{c.cubin, c.log, c.seconds};
-  });
-  r->storage = e.cubin;
-  r->cubin = r->storage.data();
-  const std::string by = "NVRTC " + nvrtc::library().version;
-  if (e.compiled) {
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%.1f", e.seconds);
-    r->origin = {"compiled",
-                 "compiled by " + by + " in " + secs + " s" +
-                     (e.path.empty() ? std::string() : ", cached in " + e.path),
-                 e.seconds};
-  } else {
-    r->origin = {"cache", "found in the cache (" + e.path + "), compiled by " + by, 0};
-  }
-  return r;
-}
-
-std::shared_ptr<const Ready> ready(int major, int minor, bool skip_install = false) {
-  const std::string arch = arch_name(major, minor);
-  std::shared_ptr<std::mutex> mu;
-  {
-    std::lock_guard<std::mutex> lock(ready_mu);
-    const auto it = ready_by_arch.find(arch);
-    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install"))
-      return it->second;
-    auto& m = arch_mu[arch];
-    if (!m) m = std::make_shared<std::mutex>();
-    mu = m;
-  }
-  std::lock_guard<std::mutex> compiling(*mu);
-  {
-    std::lock_guard<std::mutex> lock(ready_mu);
-    const auto it = ready_by_arch.find(arch);
-    if (it != ready_by_arch.end() && !(skip_install && it->second->origin.kind == "install"))
-      return it->second;
-  }
-  std::shared_ptr<const Ready> r;
-  const KernelImage* image = skip_install ? nullptr : install_image(major, minor);
-  if (image) {
-    auto made = std::make_shared<Ready>();
-    made->cubin = image->cubin;
-    made->origin = {"install", image_text(*image, major, minor), 0};
-    r = made;
-  } else {
-    r = compiled_ready(arch);
-  }
-  std::lock_guard<std::mutex> lock(ready_mu);
-  ready_by_arch[arch] = r;
-  return r;
+const KernelImage* ptx_image() {
+  for (int i = 0; i < kNumKernelImages; ++i)
+    if (!is_cubin(kKernelImages[i])) return &kKernelImages[i];
+  return nullptr;
 }
 
 struct Loaded {
   CUmodule module = nullptr;
   CUfunction functions[kNumFunctions] = {};
-  std::string origin;
+  int max_dynamic_smem[kNumFunctions] = {};
+  std::string origin;  // or why nothing loaded
 };
 std::mutex loaded_mu;
 std::map<int, Loaded> loaded_by_device;
@@ -138,33 +65,15 @@ std::map<int, Loaded> loaded_by_device;
 Loaded loaded_on(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
-  if (it == loaded_by_device.end())
-    throw std::runtime_error(
-        "flashmla_perm: the CUDA kernels are not loaded on "
-        "device " +
-        std::to_string(device));
+  if (it == loaded_by_device.end() || !it->second.module)
+    throw std::runtime_error("flashmla_perm: the CUDA kernels are not loaded on device " + std::to_string(device));
   return it->second;
 }
 
-// Loads `r`'s cubin into the current context and finds its kernels; the
-// first error of the driver's, if any, with nothing left loaded.
-CUresult load_module(const Ready& r, Loaded& l) {
-  const RelaxedCapture relaxed;  // a module load must not end another thread's capture
-  CUresult e = driver().ModuleLoadData(&l.module, r.cubin);
-  // (Lazy loading, the default since CUDA 12.2, may refuse an image only here.)
-  for (int i = 0; i < kNumFunctions && e == 0; ++i) {
-    e = driver().ModuleGetFunction(&l.functions[i], l.module, kKernelNames[i]);
-    // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
-    // 33 KiB), not the driver's guess: ask for the largest carveout.
-    if (e == 0)
-      e = driver().FuncSetAttribute(l.functions[i], kPreferredSharedMemoryCarveout, kCarveoutMaxShared);
-  }
-  if (e != 0 && l.module) {
-    driver().ModuleUnload(l.module);
-    l = Loaded{};
-  }
-  if (e == 0) l.origin = r.origin.text;
-  return e;
+std::string error_text(CUresult e) {
+  const char* text = nullptr;
+  driver().GetErrorString(e, &text);
+  return text ? text : "error " + std::to_string(e);
 }
 
 bool image_refused(CUresult e) {
@@ -173,99 +82,100 @@ bool image_refused(CUresult e) {
   return false;
 }
 
+// Loads `image` into the current context and finds its kernels. "" when
+// they are ready; why not where the driver refused the image or its
+// kernels take another parameter block than this side passes (an image of
+// other sources); other errors throw. Nothing is left loaded unless ready.
+std::string load_image(const KernelImage& image, Loaded& l) {
+  const RelaxedCapture relaxed;  // a module load must not end another thread's capture
+  std::string why;
+  CUresult e = driver().ModuleLoadData(&l.module, image.data);
+  // (Lazy loading, the default since CUDA 12.2, may refuse an image only here.)
+  for (int i = 0; i < kNumFunctions && e == 0 && why.empty(); ++i) {
+    e = driver().ModuleGetFunction(&l.functions[i], l.module, kKernelNames[i]);
+    size_t offset = 0, bytes = 0;
+    if (e == 0 && driver().FuncGetParamInfo &&  // drivers of CUDA 12.4 and later
+        (e = driver().FuncGetParamInfo(l.functions[i], 0, &offset, &bytes)) == 0 && bytes != kParamBytes[i])
+      why = std::string(kKernelNames[i]) + " takes a parameter of " + std::to_string(bytes) +
+            " bytes, this module passes " + std::to_string(kParamBytes[i]);
+    // The plan counts on the whole shared memory per SM (wo_a: 6 CTAs of
+    // 33 KiB), not the driver's guess: ask for the largest carveout.
+    if (e == 0 && why.empty())
+      e = driver().FuncSetAttribute(l.functions[i], kPreferredSharedMemoryCarveout, kCarveoutMaxShared);
+    if (e == 0 && why.empty())
+      e = driver().FuncGetAttribute(&l.max_dynamic_smem[i], kMaxDynamicSharedSizeBytes, l.functions[i]);
+  }
+  if (e != 0 && !image_refused(e)) {
+    if (l.module) driver().ModuleUnload(l.module);
+    l = Loaded{};
+    check(e, "cuModuleLoadData (the CUDA kernels)");
+  }
+  if (e != 0) why = "the driver refused it (" + error_text(e) + ")";
+  if (!why.empty() && l.module) driver().ModuleUnload(l.module);
+  if (!why.empty()) l = Loaded{};
+  return why;
+}
+
 }  // namespace
 
-void find_nvrtc_beside_torch() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&aoti_torch_get_current_cuda_stream), &info) && info.dli_fname) {
-      const std::string lib = info.dli_fname;  // .../torch/lib/libtorch_cuda.so
-      const size_t slash = lib.rfind('/');
-      if (slash != std::string::npos) nvrtc::set_torch_lib_dir(lib.substr(0, slash));
-    }
-  });
-}
-
-std::string nvrtc_cache_key(const std::string& arch, const std::string& extra, const std::string& main) {
-  find_nvrtc_beside_torch();
-  const nvrtc::Library& lib = nvrtc::library();
-  return "kernels " + nvrtc::source_hash(extra, main) + " for " + arch + " by NVRTC " + lib.version + " (" +
-         lib.identity + ")";
-}
-
-std::vector<std::pair<std::string, std::string>> installed() {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (int i = 0; i < kNumKernelImages; ++i)
-    out.emplace_back(kKernelImages[i].arch, kKernelImages[i].compiler);
+std::vector<std::string> installed() {
+  std::vector<std::string> out;
+  for (int i = 0; i < kNumKernelImages; ++i) out.push_back(kKernelImages[i].target);
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> compiled_here() {
-  std::lock_guard<std::mutex> lock(ready_mu);
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [arch, r] : ready_by_arch)
-    if (r->origin.kind != "install") out.emplace_back(arch, r->origin.text);
-  return out;
-}
+const char* compiler() { return kKernelCompiler; }
 
-Origin origin(int major, int minor) {
-  if (const KernelImage* image = install_image(major, minor))
-    return {"install", image_text(*image, major, minor)};
-  const std::string arch = arch_name(major, minor);
+bool load(int device) {
   {
-    std::lock_guard<std::mutex> lock(ready_mu);
-    const auto it = ready_by_arch.find(arch);
-    if (it != ready_by_arch.end()) return it->second->origin;
+    std::lock_guard<std::mutex> lock(loaded_mu);
+    const auto it = loaded_by_device.find(device);
+    if (it != loaded_by_device.end()) return it->second.module != nullptr;
   }
-  std::string found;
-  try {
-    found = kernel_cache::find(arch, nvrtc_cache_key(arch));
-  } catch (const std::exception&) {  // no NVRTC: the first use will say so
-  }
-  if (!found.empty()) return {"cache", "found in the cache (" + found + ")"};
-  return {"compiled", "compiled at first use by NVRTC (not in the cache)"};
-}
-
-Origin prepare(int major, int minor) { return ready(major, minor)->origin; }
-
-void load(int device) {
-  if (loaded(device)) return;
   const ContextGuard context(device);
-  // One load at a time (a first compile takes seconds; launches on devices
-  // already loaded go on meanwhile).
-  static std::mutex load_mu;
+  static std::mutex load_mu;  // one load at a time
   std::lock_guard<std::mutex> one_load(load_mu);
-  if (loaded(device)) return;
+  if (loaded(device) || !device_origin(device).empty()) return loaded(device);
   const int major = device_attribute(device, kComputeCapabilityMajor);
   const int minor = device_attribute(device, kComputeCapabilityMinor);
-  std::shared_ptr<const Ready> r = ready(major, minor);
+  const std::string gpu = "sm_" + std::to_string(major) + std::to_string(minor);
   Loaded l;
-  CUresult e = load_module(*r, l);
-  if (image_refused(e) && r->origin.kind == "install") {
-    // A driver older than the compiler that built the install image may
-    // refuse it: NVRTC of torch's CUDA, which this driver runs, compiles them.
-    const char* text = nullptr;
-    driver().GetErrorString(e, &text);
-    kernel_cache::say_once("the driver refused the kernels " + r->origin.text + " (" + (text ? text : "?") +
-                           "); compiling them with NVRTC");
-    r = ready(major, minor, true);
-    e = load_module(*r, l);
+  std::string refused;
+  for (const KernelImage* image : {family_cubin(major, minor), ptx_image()}) {
+    if (!image) continue;
+    const std::string why = load_image(*image, l);
+    const std::string name = std::string(image->target) + (is_cubin(*image) ? " cubin" : " PTX");
+    if (why.empty()) {
+      l.origin = name + " built at install by " + kKernelCompiler;
+      break;
+    }
+    refused += (refused.empty() ? "" : "; ") + name + ": " + why;
   }
-  check(e, "cuModuleLoadData (the CUDA kernels)");
+  if (!l.module)
+    l.origin = "torch's gather: no kernels load on this " + gpu + " GPU (" +
+               (refused.empty() ? "none built at install" : refused) + ")";
   std::lock_guard<std::mutex> lock(loaded_mu);
   loaded_by_device[device] = l;
+  return l.module != nullptr;
 }
 
 bool loaded(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
-  return loaded_by_device.count(device) > 0;
+  const auto it = loaded_by_device.find(device);
+  return it != loaded_by_device.end() && it->second.module;
 }
 
 std::string device_origin(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
   return it == loaded_by_device.end() ? "" : it->second.origin;
+}
+
+std::map<int, std::string> device_origins() {
+  std::lock_guard<std::mutex> lock(loaded_mu);
+  std::map<int, std::string> out;
+  for (const auto& [device, l] : loaded_by_device) out[device] = l.origin;
+  return out;
 }
 
 int registers(int device, Kernel kernel) {
@@ -293,17 +203,36 @@ int resident_ctas_per_sm(int device, Kernel kernel, int threads, int64_t smem_by
   return fewest;
 }
 
+namespace {
+
+unsigned dynamic_smem(const Launch& l) {
+  return l.kernel == Kernel::kSaveHeads ? 0 : static_cast<unsigned>(l.smem_bytes);
+}
+
+}  // namespace
+
+void check_launch(int device, const Launch& l) {
+  const Loaded loaded = loaded_on(device);
+  const int f = function_of(l.kernel, l.cols[0].staged != 0);
+  if (l.grid < 1 || l.grid > 0x7fffffff || l.threads < 1 || l.threads > 1024 ||
+      l.smem_bytes < 0 || dynamic_smem(l) > static_cast<unsigned>(loaded.max_dynamic_smem[f]))
+    throw std::runtime_error("flashmla_perm: a planned launch of " + std::string(kKernelNames[f]) +
+                             " is one the driver refuses: grid " + std::to_string(l.grid) + ", " +
+                             std::to_string(l.threads) + " threads, " + std::to_string(l.smem_bytes) +
+                             " bytes of shared memory (at most " + std::to_string(loaded.max_dynamic_smem[f]) +
+                             "); nothing was launched");
+}
+
 void launch(int device, const Launch& l, CUstream stream) {
   const Loaded loaded = loaded_on(device);
   // The kernels' one parameter, as kernels.cu declares it: cuLaunchKernel
-  // copies these bytes as they are.
+  // copies these bytes as they are (load_image checked their size).
   Jobs<ColJob> cols = col_jobs(l);
   Jobs<RowJob> rows = row_jobs(l);
   void* args[1] = {l.kernel == Kernel::kCols ? static_cast<void*>(&cols) : static_cast<void*>(&rows)};
   const CUfunction f = loaded.functions[function_of(l.kernel, l.cols[0].staged != 0)];
-  const unsigned smem = l.kernel == Kernel::kSaveHeads ? 0 : static_cast<unsigned>(l.smem_bytes);
   check(driver().LaunchKernel(f, static_cast<unsigned>(l.grid), 1, 1, static_cast<unsigned>(l.threads), 1, 1,
-                              smem, stream, args, nullptr),
+                              dynamic_smem(l), stream, args, nullptr),
         "cuLaunchKernel");
 }
 

@@ -4,13 +4,11 @@
 // job's tiles, grid-stride over that job's CTAs. launch.h sizes everything;
 // this file holds device code only.
 //
-// One source, two compilers, one way to run it: nvcc (-cubin) or NVRTC
-// compiles it for each architecture, at install or at first use
-// (docs/design.md, "Kernels: built at install, compiled at first use"), and
-// the host loads the cubin and launches the kernels through the driver API
-// (csrc/cuda/kernels.cpp) by their extern "C" names, the same whichever
-// compiler built them. It includes nothing but csrc/device_launch.h (and
-// through it tile_bodies.h and three standard headers, which NVRTC is given).
+// torch's NVRTC compiles it at install, a cubin per architecture and a PTX
+// image (scripts/build_kernels.py), and the host loads one and launches the
+// kernels through the driver API (csrc/cuda/kernels.cpp) by their extern "C"
+// names. It includes nothing but csrc/device_launch.h (and through it
+// tile_bodies.h and three standard headers, which NVRTC is given).
 #include "device_launch.h"
 
 namespace flashmla_perm {
@@ -97,9 +95,27 @@ struct CtaJob {
 // Each is what the kernel needs on sm_90, so that every architecture gets
 // the same budget: rows 80 (6 CTAs: all that 32 KiB tile buffers leave of
 // 228 KiB of shared memory), save_heads 64 (no shared memory), cols 56.
-constexpr int kRowsMinCtas = 6;
 constexpr int kSaveHeadsMinCtas = 8;
 constexpr int kColsMinCtas = 9;
+// NVRTC 12.8 spills at those figures on sm_100 (rows) and sm_120 (rows,
+// staged cols), so with CUDA 12 those get more registers, which costs rows
+// on sm_100 a CTA per SM. There rows get 88 (__maxnreg__, which cannot go
+// with __launch_bounds__), not the 96 that 5 CTAs allow, to stay within
+// 1.1x sm_90's. sm_120's 100 KiB of shared memory per SM holds only 3 CTAs
+// of 32 KiB tiles anyway.
+#if !defined(__CUDA_ARCH__) || __CUDACC_VER_MAJOR__ != 12 || __CUDA_ARCH__ < 1000
+constexpr int kRowsMinCtas = 6;
+constexpr int kColsStagedMinCtas = kColsMinCtas;
+#define FLASHMLA_PERM_ROWS_BOUNDS __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kRowsMinCtas)
+#elif __CUDA_ARCH__ < 1200
+constexpr int kRowsMaxRegs = 88;
+constexpr int kColsStagedMinCtas = kColsMinCtas;
+#define FLASHMLA_PERM_ROWS_BOUNDS __maxnreg__(flashmla_perm::kRowsMaxRegs)
+#else
+constexpr int kRowsMinCtas = 5;
+constexpr int kColsStagedMinCtas = 7;
+#define FLASHMLA_PERM_ROWS_BOUNDS __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kRowsMinCtas)
+#endif
 
 // The kernels' bodies; the kernels themselves, below, are extern "C".
 // Two stages where the device spec asks (FLASHMLA_PERM_ROW_STAGES).
@@ -160,12 +176,12 @@ __device__ __forceinline__ void cols_kernel(const Jobs<ColJob>& p) {
 }  // namespace flashmla_perm
 
 // The entry points, by the names the host looks up (csrc/cuda/kernels.cpp's
-// kKernelNames): unmangled, so the same for nvcc and NVRTC.
+// kKernelNames): unmangled, so found by name in any image.
 using flashmla_perm::ColJob;
 using flashmla_perm::Jobs;
 using flashmla_perm::RowJob;
 extern "C" {
-__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kRowsMinCtas)
+__global__ void FLASHMLA_PERM_ROWS_BOUNDS
     flashmla_perm_rows(const __grid_constant__ Jobs<RowJob> p) {
   flashmla_perm::rows_kernel(p);
 }
@@ -173,7 +189,7 @@ __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kSa
     flashmla_perm_save_heads(const __grid_constant__ Jobs<RowJob> p) {
   flashmla_perm::save_heads_kernel(p);
 }
-__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsMinCtas)
+__global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kColsStagedMinCtas)
     flashmla_perm_cols_staged(const __grid_constant__ Jobs<ColJob> p) {
   flashmla_perm::cols_kernel<true>(p);
 }
