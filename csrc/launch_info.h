@@ -69,11 +69,13 @@ int cuda_resident_ctas_per_sm(const std::string& kernel, int threads, int64_t sm
 // loads them), checked and enqueued on its null stream: the host side of a
 // GPU call, for the stand-in driver's tests (tests/stub_cuda). Its fake
 // addresses would fault on a GPU: refused unless the driver is the stand-in.
-std::vector<LaunchInfo> cuda_driver_launches(const std::string& op, const std::vector<int64_t>& dims, int index);
+std::vector<LaunchInfo> cuda_driver_launches(const std::string& op, const std::vector<int64_t>& dims,
+                                             int index);
 
 // What gpu_launches is made of (launch.h's Launch, planned on fake addresses).
 struct Launch;
-std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_t>& dims, const DeviceSpec& dev);
+std::vector<Launch> launches_for(const std::string& op, const std::vector<int64_t>& dims,
+                                 const DeviceSpec& dev);
 LaunchInfo launch_info(const Launch& l);
 
 }  // namespace flashmla_perm

@@ -167,9 +167,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("smem_bytes"), py::arg("device") = 0,
         "cuda_resident_ctas_per_sm(kernel, threads, smem_bytes, device=0): CTAs per SM by the CUDA runtime's "
         "occupancy calculator, for holding gpu_launches' ctas_per_sm against (CUDA builds).");
-  m.def("cuda_driver_launches", &fp::cuda_driver_launches, py::arg("op"), py::arg("dims"), py::arg("device") = 0,
-        "cuda_driver_launches(op, dims, device=0): gpu_launches' launches planned with that GPU's figures and "
-        "kernels, checked and enqueued through the driver: the stand-in driver's tests (tests/stub_cuda).");
+  m.def(
+      "cuda_driver_launches",
+      [](const std::string& op, const std::vector<int64_t>& dims, int device) {
+        py::list launches;
+        for (const fp::LaunchInfo& l : fp::cuda_driver_launches(op, dims, device))
+          launches.append(launch_dict(l));
+        return launches;
+      },
+      py::arg("op"), py::arg("dims"), py::arg("device") = 0,
+      "cuda_driver_launches(op, dims, device=0): gpu_launches' launches planned with that GPU's figures and "
+      "kernels, checked and enqueued through the driver: the stand-in driver's tests (tests/stub_cuda).");
 #ifdef FLASHMLA_PERM_WITH_CUDA
   m.def(
       "load_kernels",

@@ -17,7 +17,7 @@ flight a CTA) for a card (device/card.py; an H200 by default) and prices:
   * time = launch + latency + the longer of moving the bytes and issuing,
     against a device copy of the same tensors (one kernel each).
 
-    python device/model.py [--card gpu.json] [--ptxas-log build.log]
+    python device/model.py [--card gpu.json] [--module flashmla_perm/_C*.so]
                            [--measured bench.json] [--sweep sweep.json] [--json PATH]
 """
 
@@ -69,7 +69,7 @@ KERNEL_OF_SYMBOL = (
     ("flashmla_perm_save_heads", "save_heads"),
     ("flashmla_perm_rows", "rows"),
 )
-DEFAULT_REGS = {"rows": 80, "save_heads": 64, "cols": 56}  # sm_90, nvcc 13 (ptxas -v)
+DEFAULT_REGS = {"rows": 80, "save_heads": 64, "cols": 56}  # sm_90, NVRTC 13.0 (python -m flashmla_perm.images)
 # The executor's launch-plan environment (csrc/cuda/executor.cpp) as gpu_launches' fields.
 PLAN_FIELDS = {
     "FLASHMLA_PERM_MAX_CTAS_PER_SM": "max_ctas_per_sm",
@@ -109,18 +109,17 @@ def card_figures(card=None):
     return fig
 
 
-def registers(ptxas_log=None, arch="sm_90"):
-    """Registers per thread of each kernel: the worst build of each in the log, else today's."""
+def registers(images=None, arch="sm_90"):
+    """Registers per thread of each kernel in `arch`'s cubin among `images`
+    (flashmla_perm.images.images() of a module; cols: the larger of its two
+    forms), else today's."""
     regs = dict(DEFAULT_REGS)
-    if ptxas_log:
-        from flashmla_perm.nvrtc import parse  # the one reader of ptxas logs
-
-        with open(ptxas_log, errors="replace") as f:
-            kernels = [k for k in parse(f.read()) if k["arch"] == arch and "registers" in k]
-        for name in regs:
-            regs[name] = max(
-                [k["registers"] for k in kernels if f"flashmla_perm_{name}" in k["kernel"]], default=regs[name]
-            )
+    for image in images or []:
+        if image["kind"] == "cubin" and image["arch"] == arch:
+            kernels = image["kernels"]
+            regs.update({k: kernels[k]["registers"] for k in ("rows", "save_heads") if k in kernels})
+            forms = [kernels[k]["registers"] for k in ("cols_staged", "cols_direct") if k in kernels]
+            regs["cols"] = max(forms, default=regs["cols"])
     return regs
 
 
@@ -248,7 +247,7 @@ def sweep_points(path, fig, regs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--card", help="a JSON a device run wrote with its card (gpu.json, bench.json)")
-    p.add_argument("--ptxas-log", help="a build log with ptxas -v lines: the kernels' registers")
+    p.add_argument("--module", help="a built flashmla_perm/_C*.so: its sm_90 cubin's registers")
     p.add_argument("--measured", help="a bench.json: its native rows' x copy beside the prediction")
     p.add_argument("--sweep", help="a device check's sweep.json: each plan predicted beside measured")
     p.add_argument("--ops", help="only these ops (comma-separated)")
@@ -256,7 +255,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     from card import card_in
 
-    fig, regs = card_figures(card_in(load(args.card)) if args.card else None), registers(args.ptxas_log)
+    if args.module:
+        from flashmla_perm.images import images
+    regs = registers(images(args.module) if args.module else None)
+    fig = card_figures(card_in(load(args.card)) if args.card else None)
     measured = measured_rows(args.measured) if args.measured else {}
     records = []
     print(

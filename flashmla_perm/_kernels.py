@@ -35,6 +35,7 @@ def gpu_archs():
 def image_for(arch, cubins, ptx):
     """The image a GPU of `arch` loads, as csrc/cuda/kernels.cpp picks it: the
     newest cubin of its major at or below its minor, else the PTX."""
+
     def numbers(a):
         return int(a[3:-1]), int(a[-1])
 

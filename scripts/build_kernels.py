@@ -85,7 +85,9 @@ class Nvrtc:
         path = next((p for p in tried if p.is_file()), None)
         if path is None:
             package = "nvidia-cuda-nvrtc" + ("-cu12" if torch.version.cuda.startswith("12") else "")
-            raise Failed(f"no NVRTC of CUDA {torch.version.cuda} (pip install {package}); looked at {', '.join(map(str, tried))}")
+            raise Failed(
+                f"no NVRTC of CUDA {torch.version.cuda} (pip install {package}); looked at {', '.join(map(str, tried))}"
+            )
         self.lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
         major, minor = ctypes.c_int(), ctypes.c_int()
         self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
@@ -213,7 +215,7 @@ def write_images(out, compiler, images):
         "namespace flashmla_perm {",
         "namespace cuda {",
         f'const char kKernelCompiler[] = "{compiler}";',
-        f"const KernelImage kKernelImages[] = {{",
+        "const KernelImage kKernelImages[] = {",
         *entries,
         "};",
         f"const int kNumKernelImages = {len(images)};",

@@ -40,7 +40,11 @@ def child_env(env=None):
 
 def run_python(code, env=None, timeout=600):
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=child_env(env), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -133,6 +137,9 @@ def test_the_drivers_constants_are_cuda_hs(tmp_path):
         "kPreferredSharedMemoryCarveout": "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT",
         "kCarveoutMaxShared": "CU_SHAREDMEM_CARVEOUT_MAX_SHARED",
         "kCaptureStatusNone": "CU_STREAM_CAPTURE_STATUS_NONE",
+        "kLaunchParamEnd": "CU_LAUNCH_PARAM_END_AS_INT",
+        "kLaunchParamBufferPointer": "CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT",
+        "kLaunchParamBufferSize": "CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT",
         "kCaptureModeRelaxed": "CU_STREAM_CAPTURE_MODE_RELAXED",
         "kErrorCaptureImplicit": "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
         "kImageErrors[0]": "CUDA_ERROR_INVALID_IMAGE",

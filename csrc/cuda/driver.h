@@ -37,6 +37,10 @@ enum FunctionAttribute : int {
   kPreferredSharedMemoryCarveout = 9,   // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 };
 constexpr int kCarveoutMaxShared = 100;      // CU_SHAREDMEM_CARVEOUT_MAX_SHARED
+// cuLaunchKernel's `extra` keys, as integers: a parameter block and its size.
+constexpr int kLaunchParamEnd = 0;            // CU_LAUNCH_PARAM_END_AS_INT
+constexpr int kLaunchParamBufferPointer = 1;  // CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT
+constexpr int kLaunchParamBufferSize = 2;     // CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT
 constexpr int kCaptureStatusNone = 0;        // CU_STREAM_CAPTURE_STATUS_NONE
 constexpr int kCaptureModeRelaxed = 2;       // CU_STREAM_CAPTURE_MODE_RELAXED
 // Errors that say a module's image is not one this driver and GPU run

@@ -114,10 +114,12 @@ std::optional<DeviceSpec> cuda_device_spec(c10::Device device) {
   return spec;
 }
 
-std::vector<LaunchInfo> cuda_driver_launches(const std::string& op, const std::vector<int64_t>& dims, int index) {
+std::vector<LaunchInfo> cuda_driver_launches(const std::string& op, const std::vector<int64_t>& dims,
+                                             int index) {
   if (!cuda::stand_in())
-    throw std::runtime_error("cuda_driver_launches enqueues launches on fake addresses: only a stand-in driver "
-                             "(tests/stub_cuda) takes them");
+    throw std::runtime_error(
+        "cuda_driver_launches enqueues launches on fake addresses: only a stand-in driver "
+        "(tests/stub_cuda) takes them");
   if (!cuda::load(index)) throw std::runtime_error("flashmla_perm: " + cuda::device_origin(index));
   const std::vector<Launch> launches = launches_for(op, dims, driver_spec(index));
   const cuda::ContextGuard context(index);

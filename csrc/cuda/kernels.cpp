@@ -66,7 +66,8 @@ Loaded loaded_on(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
   if (it == loaded_by_device.end() || !it->second.module)
-    throw std::runtime_error("flashmla_perm: the CUDA kernels are not loaded on device " + std::to_string(device));
+    throw std::runtime_error("flashmla_perm: the CUDA kernels are not loaded on device " +
+                             std::to_string(device));
   return it->second;
 }
 
@@ -214,25 +215,31 @@ unsigned dynamic_smem(const Launch& l) {
 void check_launch(int device, const Launch& l) {
   const Loaded loaded = loaded_on(device);
   const int f = function_of(l.kernel, l.cols[0].staged != 0);
-  if (l.grid < 1 || l.grid > 0x7fffffff || l.threads < 1 || l.threads > 1024 ||
-      l.smem_bytes < 0 || dynamic_smem(l) > static_cast<unsigned>(loaded.max_dynamic_smem[f]))
+  if (l.grid < 1 || l.grid > 0x7fffffff || l.threads < 1 || l.threads > 1024 || l.smem_bytes < 0 ||
+      dynamic_smem(l) > static_cast<unsigned>(loaded.max_dynamic_smem[f]))
     throw std::runtime_error("flashmla_perm: a planned launch of " + std::string(kKernelNames[f]) +
                              " is one the driver refuses: grid " + std::to_string(l.grid) + ", " +
                              std::to_string(l.threads) + " threads, " + std::to_string(l.smem_bytes) +
-                             " bytes of shared memory (at most " + std::to_string(loaded.max_dynamic_smem[f]) +
-                             "); nothing was launched");
+                             " bytes of shared memory (at most " +
+                             std::to_string(loaded.max_dynamic_smem[f]) + "); nothing was launched");
 }
 
 void launch(int device, const Launch& l, CUstream stream) {
   const Loaded loaded = loaded_on(device);
-  // The kernels' one parameter, as kernels.cu declares it: cuLaunchKernel
-  // copies these bytes as they are (load_image checked their size).
+  // The kernels' one parameter, as kernels.cu declares it, passed as a block
+  // of its size: the driver refuses a block of another size than the
+  // kernel's (load_image checked they agree).
   Jobs<ColJob> cols = col_jobs(l);
   Jobs<RowJob> rows = row_jobs(l);
-  void* args[1] = {l.kernel == Kernel::kCols ? static_cast<void*>(&cols) : static_cast<void*>(&rows)};
+  const bool is_cols = l.kernel == Kernel::kCols;
+  void* block = is_cols ? static_cast<void*>(&cols) : static_cast<void*>(&rows);
+  size_t bytes = is_cols ? sizeof(cols) : sizeof(rows);
+  const auto key = [](intptr_t k) { return reinterpret_cast<void*>(k); };
+  void* extra[] = {key(kLaunchParamBufferPointer), block, key(kLaunchParamBufferSize), &bytes,
+                   key(kLaunchParamEnd)};
   const CUfunction f = loaded.functions[function_of(l.kernel, l.cols[0].staged != 0)];
   check(driver().LaunchKernel(f, static_cast<unsigned>(l.grid), 1, 1, static_cast<unsigned>(l.threads), 1, 1,
-                              dynamic_smem(l), stream, args, nullptr),
+                              dynamic_smem(l), stream, nullptr, extra),
         "cuLaunchKernel");
 }
 

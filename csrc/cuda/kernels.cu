@@ -181,8 +181,7 @@ using flashmla_perm::ColJob;
 using flashmla_perm::Jobs;
 using flashmla_perm::RowJob;
 extern "C" {
-__global__ void FLASHMLA_PERM_ROWS_BOUNDS
-    flashmla_perm_rows(const __grid_constant__ Jobs<RowJob> p) {
+__global__ void FLASHMLA_PERM_ROWS_BOUNDS flashmla_perm_rows(const __grid_constant__ Jobs<RowJob> p) {
   flashmla_perm::rows_kernel(p);
 }
 __global__ void __launch_bounds__(flashmla_perm::kGpuThreads, flashmla_perm::kSaveHeadsMinCtas)

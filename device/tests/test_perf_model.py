@@ -68,20 +68,16 @@ def test_one_stage_loses_its_in_flight_while_it_issues_and_heavy_issue_binds(mon
     )
 
 
-def ptxas_log(tmp_path, regs):
-    log = tmp_path / "build.log"
-    log.write_text(
-        f"ptxas info    : Compiling entry function '_Z18flashmla_perm_rowsILi16EEvv' for 'sm_90'\n"
-        f"ptxas info    : Function properties for _Z18flashmla_perm_rowsILi16EEvv\n"
-        f"    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-        f"ptxas info    : Used {regs} registers, used 0 barriers, 384 bytes cmem[0]\n"
-    )
-    return str(log)
-
-
 @needs_native
-def test_the_registers_a_build_reports_plan_the_launches(tmp_path):
-    regs = model.registers(ptxas_log(tmp_path, 168))
+def test_the_registers_a_build_reports_plan_the_launches():
+    kernels = {
+        k: {"registers": r} for k, r in [("rows", 168), ("save_heads", 64), ("cols_staged", 56), ("cols_direct", 40)]
+    }
+    images = [
+        {"kind": "cubin", "arch": "sm_100", "kernels": {}},
+        {"kind": "cubin", "arch": "sm_90", "kernels": kernels},
+    ]
+    regs = model.registers(images)
     assert regs == {**REGS, "rows": 168}
     case = model.cases(["wq_b"])[0]
     few, today = model.predict(case, FIG, regs), model.predict(case, FIG, REGS)
