@@ -123,21 +123,24 @@ class Nvrtc:
         prog = ctypes.c_void_p()
         self.check(
             self.lib.nvrtcCreateProgram(
-                ctypes.byref(prog), texts[0], b"kernels.cu", len(headers), strings(headers), strings(names)
+                ctypes.byref(prog), texts[0], SOURCES[0].encode(), len(headers), strings(headers), strings(names)
             ),
             "nvrtcCreateProgram",
         )
         try:
             options = [f"--gpu-architecture={target}".encode(), *(o.encode() for o in OPTIONS)]
             result = self.lib.nvrtcCompileProgram(prog, len(options), strings(options))
-            if result != 0:
-                size = ctypes.c_size_t()
-                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-                log = ctypes.create_string_buffer(size.value)
-                self.lib.nvrtcGetProgramLog(prog, log)
-                raise Failed(f"NVRTC {self.version} failed to compile the kernels for {target}:\n{log.value.decode()}")
-            kind = "PTX" if target.startswith("compute_") else "CUBIN"
             size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(prog, log)
+            # Its warnings, located as csrc/ paths, for the build log's gate.
+            said = re.sub(r"(?m)^(\S+\(\d+\): )", r"csrc/\1", log.value.decode(errors="replace")).strip()
+            if result != 0:
+                raise Failed(f"NVRTC {self.version} failed to compile the kernels for {target}:\n{said}")
+            if said:
+                print(f"NVRTC {self.version}, {target}:\n{said}", flush=True)
+            kind = "PTX" if target.startswith("compute_") else "CUBIN"
             self.check(getattr(self.lib, f"nvrtcGet{kind}Size")(prog, ctypes.byref(size)), f"nvrtcGet{kind}Size")
             image = ctypes.create_string_buffer(size.value)
             self.check(getattr(self.lib, f"nvrtcGet{kind}")(prog, image), f"nvrtcGet{kind}")

@@ -1,7 +1,7 @@
 """Fails (exit 1) on any compiler warning about the project's own sources in
-build logs: g++ / nvcc host-compiler warnings located in csrc/ or
-tests/harness/, nvcc front-end warnings located there, and every ptxas
-warning (ptxas only ever compiles our kernels). Warnings located in other
+build logs: the host compiler's and NVRTC's warnings located in csrc/ or
+tests/harness/ (scripts/build_kernels.py names NVRTC's by csrc/ paths), and
+every ptxas warning (ptxas only ever compiles our kernels). Warnings located in other
 files (torch's headers, the toolkit's) and driver notes without a location
 are counted and listed, but pass.
 
@@ -11,7 +11,7 @@ are counted and listed, but pass.
 import re
 import sys
 
-OWN = re.compile(r"(?:^|/)(?:csrc|tests/harness)/[^/\s:()]+$")
+OWN = re.compile(r"(?:^|/)(?:csrc|tests/harness)/[^\s:()]+$")
 # g++: "path:line[:col]: warning: text"; nvcc's front end: "path(line): warning #123-D: text".
 LOCATED = re.compile(
     r"^(?P<path>[^\s:()][^:()]*?)(?::(?P<line>\d+)(?::\d+)?|\((?P<nline>\d+)\)):"
@@ -53,7 +53,7 @@ def main(paths):
             )
         print(
             f"warnings gate: {path}: {len(unique)} warning(s) in the project's own sources"
-            f" -> {'FAIL' if unique else 'ok'}"
+            f" -> {'FAIL: fix the lines above in csrc/ or tests/harness/' if unique else 'ok'}"
         )
         failed |= bool(unique)
     sys.exit(1 if failed else 0)
