@@ -25,6 +25,30 @@ SOURCE = Path(__file__).resolve().parent / "stub_cuda" / "libcuda.c"
 LIBRARY = "libcuda.so.1"
 
 
+NVML = """
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+static const int cc[][2] = {CCS};
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = sizeof cc / sizeof cc[0]; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)(long)(i + 1); return 0; }
+int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+  long i = (long)h - 1; *major = cc[i][0]; *minor = cc[i][1]; return 0;
+}
+"""
+
+
+def build_nvml(folder, archs):
+    """`folder`, with a stand-in libnvidia-ml.so.1 in it whose GPUs are `archs`
+    ("sm_100", ...), in that order: what the plugin reads instead of CUDA."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    ccs = ", ".join(f"{{{a[3:-1]}, {a[-1]}}}" for a in archs)
+    (folder / "nvml.c").write_text(NVML.replace("CCS", ccs))
+    cmd = [os.environ.get("CC") or "cc", "-shared", "-fPIC", "-o", str(folder / "libnvidia-ml.so.1")]
+    subprocess.run([*cmd, str(folder / "nvml.c")], check=True)
+    return folder
+
+
 def build(folder):
     """`folder`, with libcuda.so.1 built into it from libcuda.c (by $CC, else cc)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import stub_cuda
 import torch
 
 import flashmla_perm
@@ -79,16 +80,6 @@ def test_each_architecture_takes_its_familys_cubin_else_the_ptx():
                         ("sm_130", "compute_80 PTX")]:  # fmt: skip
         assert _kernels.image_for(arch, cubins, "compute_80") == image, arch
     assert _kernels.image_for("sm_110", cubins, None) == "none (torch's gather)"
-
-
-@needs_cuda_side
-def test_the_plugins_words_name_what_a_gpu_loads(monkeypatch):
-    from flashmla_perm import vllm_plugin
-
-    monkeypatch.setattr(_kernels, "gpu_archs", lambda: ("sm_100", "sm_110"))
-    words = vllm_plugin._kernels_text(INFO)
-    assert words.startswith(f"kernels built at install by {INFO['cuda_compiler']}; sm_100: "), words
-    assert "sm_110: compute_80 PTX" in words, words
 
 
 # --------------------------------------------------------------------------- the module itself
@@ -251,25 +242,10 @@ def test_a_first_use_under_capture_says_so_and_moves_nothing():
 
 # --------------------------------------------------------------------------- the GPUs, as the plugin sees them
 
-FAKE_NVML = """
-#include <string.h>
-int nvmlInit_v2(void) { return 0; }
-int nvmlShutdown(void) { return 0; }
-int nvmlDeviceGetCount_v2(unsigned *n) { *n = 3; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)(long)(i + 1); return 0; }
-int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
-  static const int cc[3][2] = {{10, 0}, {9, 0}, {10, 0}};
-  long i = (long)h - 1; *major = cc[i][0]; *minor = cc[i][1]; return 0;
-}
-"""
-
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_the_gpus_architectures_come_from_nvml_without_cuda(tmp_path):
-    (tmp_path / "nvml.c").write_text(FAKE_NVML)
-    subprocess.run(
-        ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"), str(tmp_path / "nvml.c")], check=True
-    )
+    stub_cuda.build_nvml(tmp_path, ["sm_100", "sm_90", "sm_100"])
     code = """
         import torch
         from flashmla_perm import _kernels
@@ -279,10 +255,4 @@ def test_the_gpus_architectures_come_from_nvml_without_cuda(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[-2] == "('sm_100', 'sm_90') False", out.stdout  # no CUDA context made
     out = run_python(code)  # no NVML here: nothing, and no error
-    assert out.stdout.split("\n")[-2] in ("() False", f"{tuple(sorted(_nvml_archs()))} False")
-
-
-def _nvml_archs():
-    from flashmla_perm import _kernels
-
-    return _kernels.gpu_archs()
+    assert out.stdout.split("\n")[-2] in ("() False", f"{_kernels.gpu_archs()} False")

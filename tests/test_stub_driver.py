@@ -134,16 +134,6 @@ def test_every_launch_passes_the_block_its_kernel_declares_within_its_shared_mem
     assert switched and switched[-1]["ctx"] == "none", switched
 
 
-FAKE_NVML = r"""
-int nvmlInit_v2(void) { return 0; }
-int nvmlShutdown(void) { return 0; }
-int nvmlDeviceGetCount_v2(unsigned *n) { *n = 1; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { *h = (void *)(long)(i + 1); return 0; }
-int nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
-  (void)h; *major = ARCH / 10; *minor = ARCH % 10; return 0;
-}
-"""
-
 REGISTER = """
     import json, logging, torch
     import flashmla_perm
@@ -164,12 +154,7 @@ def test_registering_the_plugin_calls_nothing_of_cuda(stub, tmp_path, gpu):
     """vLLM forks its workers after registering plugins, and a child forked
     after cuInit cannot use CUDA: importing the package and registering call
     no driver function, whatever the GPU (NVML names it, for the line)."""
-    nvml = tmp_path / "nvml"
-    nvml.mkdir()
-    (nvml / "nvml.c").write_text(FAKE_NVML)
-    cmd = ["cc", "-shared", "-fPIC", f"-DARCH={gpu[3:]}", "-o", str(nvml / "libnvidia-ml.so.1"), str(nvml / "nvml.c")]
-    subprocess.run(cmd, check=True)
-    both = f"{nvml}:{stub}"
+    both = f"{stub_cuda.build_nvml(tmp_path / 'nvml', [gpu])}:{stub}"
     (said, words, initialized), calls = run(both, tmp_path, REGISTER, arch=gpu[3:])
     assert calls == [], calls
     assert not initialized and len(said) == 1, said
