@@ -185,9 +185,9 @@ struct FastDiv {
   FLASHMLA_PERM_HOST_DEVICE uint32_t div(uint32_t n) const {
 #if defined(__CUDA_ARCH__)
     // One 32 x 32 -> 64 multiply and one shift, the quotient 32 bits. From
-    // C++ the product was a 64 x 64 one (both factors zero-extended where
-    // NVVM no longer saw it), two instructions more, and the quotient's
-    // callers kept its 64-bit shift and masked it.
+    // C++, NVVM makes the product a 64 x 64 one (both factors zero-extended),
+    // two instructions more, and the quotient's callers keep its 64-bit
+    // shift and mask it.
     uint32_t q;
     asm("{\n\t.reg .b64 t;\n\tmul.wide.u32 t, %1, %2;\n\tshr.b64 t, t, %3;\n\tcvt.u32.u64 %0, t;\n\t}"
         : "=r"(q)
@@ -220,14 +220,13 @@ FLASHMLA_PERM_BODY void stage_items(Ctx& ctx, uint32_t total, Addr addr) {
 // Parallel contexts: item i < total stores value(i, dst, dims) (V bytes) at
 // dst. Each thread reads Batch values before it stores them (a value
 // assembled from pieces already has V / piece loads in flight: Batch 1),
-// then takes what is left below Batch one at a time. Whole batches only: a
-// batch with an `if` on each item left each value defined on some paths
-// only, which ptxas keeps live from the kernel's entry, every inlined copy
-// at once (sm_100's build, from the newer NVVM, took 180-244 registers per
-// thread; sm_90's 72-92). Batches only where one_dim (every Lines the
-// values use has one dim), whose values get OneDim{} and skip Lines::offset's
-// multi-dim path: inlined at each of a batch's items, that path was most of
-// the kernels' code. Items one at a time get AnyDims{}.
+// then takes what is left below Batch one at a time. Whole batches only: an
+// `if` on each item of a batch leaves each value defined on some paths only,
+// which ptxas keeps live from the kernel's entry, every inlined copy at once
+// (well over 100 registers a thread). Batches only where one_dim (every
+// Lines the values use has one dim), whose values get OneDim{} and skip
+// Lines::offset's multi-dim path, which inlined at each of a batch's items
+// would be most of the kernels' code. Items one at a time get AnyDims{}.
 template <int V, int Batch = kBatch, class Ctx, class Value>
 FLASHMLA_PERM_BODY void store_items(Ctx& ctx, uint32_t total, bool one_dim, Value value) {
   using T = typename VecOf<V>::type;
@@ -950,8 +949,8 @@ FLASHMLA_PERM_BODY void col_staged_tile(Ctx& ctx, const ColJob& p, int64_t tile,
     // copy. Gathered from the buffer, the wo_a weight's 16-byte pieces sat
     // 512 bytes apart (4-way bank conflicts). In place it is safe: a tile
     // reads only its own rows, all before its barrier. V = 16 only (the
-    // other widths keep the gather below): every width of this form took
-    // the sm_100 build past 255 registers, into spills.
+    // other widths keep the gather below): at every other width this form
+    // takes the sm_100 build past 255 registers, into spills.
     col_gathered_slice<V>(ctx, p, staged_slice<V>(p, tile), buf);
   } else {
     const uint32_t per_row = static_cast<uint32_t>(rb / V);

@@ -90,8 +90,8 @@ struct CtaJob {
 
 // CTAs of kGpuThreads per SM each kernel's registers must leave room for
 // (__launch_bounds__' second figure: ptxas then uses at most 64K / (this x
-// 128) registers per thread, in steps of 8). With the thread count alone ptxas
-// chose its own register target, and spilled to meet it (sm_90 and sm_100).
+// 128) registers per thread, in steps of 8). With the thread count alone
+// ptxas picks its own register target, and spills to meet it.
 // Each is what the kernel needs on sm_90, so that every architecture gets
 // the same budget: rows 80 (6 CTAs: all that 32 KiB tile buffers leave of
 // 228 KiB of shared memory), save_heads 64 (no shared memory), cols 56.
