@@ -609,8 +609,11 @@ def place(text, old, python=False):
     tokens = re.findall(r"\w+|\S", code)
     gap = rf"(?:\s|{comment})*"
     pattern = gap.join(re.escape(t) for t in tokens)
-    pattern = (r"\b" if re.match(r"\w", tokens[0]) else "") + pattern + (r"\b" if re.match(r"\w", tokens[-1]) else "")
-    return [m.span() for m in re.finditer(pattern, text, flags=re.S)]
+    # An old text that starts with indentation takes the line's own, one that
+    # ends with a newline the rest of its line: `new` is written as a whole.
+    lead = r"(?m:^)[ \t]*" if old[:1] in " \t" else r"\b" if re.match(r"\w", tokens[0]) else ""
+    trail = rf"[ \t]*(?:{comment})?\n" if old.endswith("\n") else r"\b" if re.match(r"\w", tokens[-1]) else ""
+    return [m.span() for m in re.finditer(lead + pattern + trail, text, flags=re.S)]
 
 
 def places(m, root):
