@@ -11,11 +11,12 @@ flight a CTA) for a card (device/card.py; an H200 by default) and prices:
     Little's law: to stream at the copy's bandwidth each SM must hold
     bandwidth / SMs x latency in flight; with less, bandwidth falls to
     in flight x SMs / latency;
-  * issue cost: instructions per item of each kernel's loops (read from the
-    SASS of a build; later builds take at most as many: scripts/sass_loops.py
-    --diff) over the SMs' issue rate;
-  * time = launch + latency + the longer of moving the bytes and issuing,
-    against a device copy of the same tensors (one kernel each).
+  * time = launch + latency + moving the bytes, against a device copy of
+    the same tensors (one kernel each).
+
+It does not price instruction issue, nor a one-stage CTA's loads waiting
+while it stores its tile: the device check's ncu step measures the issue
+rate, and its sweep what a stage is worth.
 
     python device/model.py [--card gpu.json] [--module flashmla_perm/_C*.so]
                            [--measured bench.json] [--sweep sweep.json] [--json PATH]
@@ -38,37 +39,13 @@ TPS = (1, 2, 4, 8)
 
 H200 = {"sms": 132, "smem_per_sm_kib": 228, "clock_ghz": 1.98, "peak_tbps": 4.8}  # data sheet
 H200_RUNTIME_PEAK_TBPS = 2 * 3.201e9 * 6144 / 8 / 1e12  # 4.917: the runtime's clock x bus, not the data sheet's
-SCHEDULERS = 4  # warp schedulers per SM (Hopper)
 COPY_LATENCY_US = 0.7  # a copy kernel's first bytes: DRAM latency
 # Fitted to the first device run (NVIDIA H200, driver 580.159.04, torch
 # 2.11.0+cu130; its bench step's wq_b and wo_a at TP 1-8): the benchmark
-# copy's bandwidth and launch, and the latency a tile sees and the issue
-# rate (instructions per scheduler per clock) that explained the kernels' times.
-FITTED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55, "ipc": 0.753}
+# copy's bandwidth and launch, and the latency a tile sees that explained
+# the kernels' times.
+FITTED = {"copy_tbps": 4.065, "launch_us": 1.205, "latency_us": 4.55}
 
-# Instructions a lane issues an item (one V-byte vector), stage and store
-# loops together, and a row loop's once per line (position load, address),
-# read from the sm_90 SASS of the build with row loops one warp per line:
-# (job kind, gathers in its stage loop, V) -> (per item, per line).
-PER_ITEM = {
-    ("rows", False, 16): (15.5, 113.5),
-    ("rows", False, 8): (15.5, 123.0),
-    ("cols_staged", True, 16): (71.3, 0.0),
-    ("cols_staged", False, 16): (161.5, 0.0),
-    ("cols_staged", False, 4): (94.5, 0.0),
-    ("cols_direct", True, 16): (68.5, 0.0),
-    ("save_heads", False, 16): (36.0, 0.0),
-}
-# The kernels' symbols (csrc/cuda/kernels.cu: extern "C"), then the mangled
-# template names of builds before them (the recorded build's among them).
-KERNEL_OF_SYMBOL = (
-    ("flashmla_perm_cols_staged", "cols_staged"),
-    ("flashmla_perm_cols_direct", "cols_direct"),
-    ("flashmla_perm_colsILb1", "cols_staged"),
-    ("flashmla_perm_colsILb0", "cols_direct"),
-    ("flashmla_perm_save_heads", "save_heads"),
-    ("flashmla_perm_rows", "rows"),
-)
 DEFAULT_REGS = {"rows": 80, "save_heads": 64, "cols": 56}  # sm_90, NVRTC 13.0 (python -m flashmla_perm.images)
 # The executor's launch-plan environment (csrc/cuda/executor.cpp) as gpu_launches' fields.
 PLAN_FIELDS = {
@@ -102,7 +79,7 @@ def card_figures(card=None):
     card = card or {}
     fig = {k: card.get(k) or v for k, v in H200.items()}
     fig["name"] = card.get("name", "H200 (no card given)")
-    fig.update(FITTED, schedulers=SCHEDULERS)
+    fig.update(FITTED)
     # Peaks compare on one footing: the runtime's against the H200's runtime peak.
     runtime = str(card.get("source", "")).startswith("runtime") and card.get("peak_tbps")
     fig["copy_tbps"] *= fig["peak_tbps"] / (H200_RUNTIME_PEAK_TBPS if runtime else H200["peak_tbps"])
@@ -136,31 +113,16 @@ def device_fields(fig, regs, plan=None):
     }
 
 
-def job_instructions(job):
-    """Warp instructions a job issues (32 lanes an instruction)."""
-    per_item, per_line = PER_ITEM[(job["kind"], bool(job.get("gathered_stage")), job["vec"])]
-    items = job["bytes"] / job["vec"]
-    if per_line and job.get("slice_vectors"):
-        per_item += per_line / job["slice_vectors"]
-    return items * per_item / 32
-
-
 def price_launch(launch, fig):
-    """One launch's figures: in flight per SM against Little's law, issue
-    time against memory time, and the time they give (us)."""
+    """One launch's figures: in flight per SM against Little's law, and the
+    time they give (us)."""
     nbytes = sum(j["bytes"] for j in launch["jobs"])
     sms = min(fig["sms"], launch["grid"])  # SMs with a CTA
     ctas = min(launch["ctas_per_sm"], math.ceil(launch["grid"] / fig["sms"]))
     main = max(launch["jobs"], key=lambda j: j["bytes"])
     in_flight = ctas * main["inflight_bytes"]
     needed = fig["copy_tbps"] * 1e6 * fig["latency_us"] / fig["sms"]  # bytes: TB/s x us / SMs
-    instructions = sum(job_instructions(j) for j in launch["jobs"] if j["tiles"])
-    issue_us = instructions / sms / (fig["schedulers"] * fig["ipc"] * fig["clock_ghz"] * 1e3)
-    # With one stage a CTA issues a tile's stores before its next loads: its
-    # loads are in flight for one latency of every latency + a tile's issue.
-    tile_issue_us = issue_us * sms / launch["tiles"]
-    busy = 1.0 if launch["stages"] > 1 else fig["latency_us"] / (fig["latency_us"] + tile_issue_us)
-    tbps = min(fig["copy_tbps"], sms * in_flight * busy / fig["latency_us"] / 1e6)
+    tbps = min(fig["copy_tbps"], sms * in_flight / fig["latency_us"] / 1e6)
     memory_us = 2 * nbytes / (tbps * 1e6)
     dram_us = 2 * nbytes / (fig["copy_tbps"] * 1e6)
     return {
@@ -171,18 +133,16 @@ def price_launch(launch, fig):
         "stages": launch["stages"],
         "smem_bytes": launch["smem_bytes"],
         "bytes_moved": 2 * nbytes,
-        "in_flight_per_sm": round(in_flight * busy),
+        "in_flight_per_sm": in_flight,
         "needed_in_flight_per_sm": round(needed),
-        "instructions_per_byte": round(instructions / (2 * nbytes), 4),
-        "bound": "issue" if issue_us > memory_us else "in flight" if tbps < fig["copy_tbps"] else "bandwidth",
+        "bound": "in flight" if tbps < fig["copy_tbps"] else "bandwidth",
         "components_us": {
             "launch": fig["launch_us"],
             "latency": fig["latency_us"],
             "dram": round(dram_us, 3),
             "in_flight": round(memory_us - dram_us, 3),
-            "issue": round(max(0.0, issue_us - memory_us), 3),
         },
-        "us": fig["launch_us"] + fig["latency_us"] + max(memory_us, issue_us),
+        "us": fig["launch_us"] + fig["latency_us"] + memory_us,
     }
 
 

@@ -1,4 +1,4 @@
-"""device/model.py: bytes, Little's law, issue cost and the card, on the
+"""device/model.py: bytes, Little's law and the card, on the
 launches the native module plans and on made-up ones."""
 
 import json
@@ -21,51 +21,30 @@ REGS = model.DEFAULT_REGS
 NEED = FIG["copy_tbps"] * 1e6 * FIG["latency_us"] / FIG["sms"]  # bytes in flight an SM needs
 
 
-def launch(ctas=6, stages=1, tiles=1584, nbytes=64 << 20, inflight=int(NEED / 6), vec=16):
+def launch(ctas=6, tiles=1584, nbytes=64 << 20, inflight=int(NEED / 6)):
     """CTAs of `inflight` bytes of loads each, every SM `ctas` of them."""
-    job = {
-        "kind": "cols_direct",
-        "gathered_stage": True,
-        "vec": vec,
-        "tiles": tiles,
-        "bytes": nbytes,
-        "inflight_bytes": inflight,
-        "slice_vectors": 0,
-    }
+    job = {"kind": "cols_direct", "tiles": tiles, "bytes": nbytes, "inflight_bytes": inflight}
     return {
         "kernel": "cols",
         "grid": FIG["sms"] * ctas,
         "ctas_per_sm": ctas,
         "tiles": tiles,
-        "stages": stages,
+        "stages": 1,
         "smem_bytes": inflight,
         "jobs": [job],
     }
 
 
 def test_enough_in_flight_streams_at_the_copys_bandwidth_and_less_by_littles_law():
-    fig = dict(FIG, ipc=1e9)  # issue costs nothing: memory alone
-    full = model.price_launch(launch(stages=2, ctas=6, inflight=int(NEED / 5)), fig)
-    fixed = fig["launch_us"] + fig["latency_us"]
+    full = model.price_launch(launch(ctas=6, inflight=int(NEED / 5)), FIG)
+    fixed = FIG["launch_us"] + FIG["latency_us"]
     assert full["bound"] == "bandwidth" and full["components_us"]["in_flight"] == 0
-    assert full["us"] - fixed == pytest.approx(2 * (64 << 20) / (fig["copy_tbps"] * 1e6))
-    third = model.price_launch(launch(stages=2, ctas=2), fig)  # a third of what one SM needs
+    assert full["us"] - fixed == pytest.approx(2 * (64 << 20) / (FIG["copy_tbps"] * 1e6))
+    third = model.price_launch(launch(ctas=2), FIG)  # a third of what one SM needs
     assert third["bound"] == "in flight" and third["in_flight_per_sm"] == 2 * int(NEED / 6)
     assert (third["us"] - fixed) / (full["us"] - fixed) == pytest.approx(6 / 2, rel=1e-3)
     fixed_us = third["components_us"]["launch"] + third["components_us"]["latency"]
     assert sum(third["components_us"].values()) == pytest.approx(third["us"], abs=1e-2) and fixed_us == fixed
-
-
-def test_one_stage_loses_its_in_flight_while_it_issues_and_heavy_issue_binds(monkeypatch):
-    one, two = model.price_launch(launch(stages=1), FIG), model.price_launch(launch(stages=2), FIG)
-    assert one["in_flight_per_sm"] < two["in_flight_per_sm"] and one["us"] > two["us"]
-    monkeypatch.setattr(model, "PER_ITEM", {k: (40 * a, 40 * b) for k, (a, b) in model.PER_ITEM.items()})
-    heavy = model.price_launch(launch(stages=2), FIG)  # 40x the instructions
-    assert (
-        heavy["bound"] == "issue"
-        and heavy["instructions_per_byte"] == pytest.approx(40 * two["instructions_per_byte"], rel=1e-3)
-        and heavy["components_us"]["issue"] > 0
-    )
 
 
 @needs_native
@@ -133,10 +112,3 @@ def test_main_sets_the_measured_runs_beside_the_prediction(tmp_path, capsys):
         assert points[("ctas1", op)]["x_copy_predicted"] > points[("ctas6", op)]["x_copy_predicted"]
         assert points[("ctas1", op)]["x_copy_measured"] == 3.0
     assert "wq_b" in capsys.readouterr().out
-
-
-def test_a_row_loop_pays_its_line_setup_once_a_line():
-    job = {"kind": "rows", "gathered_stage": False, "vec": 16, "bytes": 1 << 20}
-    wide, narrow = (model.job_instructions({**job, "slice_vectors": w}) for w in (80, 8))
-    per_line = model.PER_ITEM[("rows", False, 16)][1]
-    assert narrow - wide == pytest.approx((1 << 20) / 16 * per_line * (1 / 8 - 1 / 80) / 32)
