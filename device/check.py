@@ -59,6 +59,10 @@ SWEEP = (
 )
 # The sanitizers run their cases under the default plan and each kernel's other stages.
 SANITIZE_PLANS = (("default", {}), ("other stages", {"FLASHMLA_PERM_COL_STAGES": "2", "FLASHMLA_PERM_ROW_STAGES": "1"}))
+NCU_FLAGS = (  # our kernels only (the mangled names hold the namespace), at the card's own clocks
+    "--target-processes all --clock-control none --kernel-name-base mangled --kernel-name regex:flashmla_perm"
+    " --force-overwrite"
+)
 NCU_METRICS = {
     "gpu__time_duration.sum": "duration_ns",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct_of_peak",
@@ -157,16 +161,9 @@ class Check:
                 else {"FLASHMLA_PERM_CUDA": "1", "FLASHMLA_PERM_CUDA_ARCHS": self.arch}
             )
             shutil.rmtree(self.work, ignore_errors=True)  # from nothing
-            self.python(
-                "setup.py",
-                "build_ext",
-                "--inplace",
-                "--build-temp",
-                os.path.join(self.work, "temp"),
-                "--build-lib",
-                os.path.join(self.work, "lib"),
-                env=dict(env, MAX_JOBS=str(os.cpu_count())),
-            )
+            temp, lib = os.path.join(self.work, "temp"), os.path.join(self.work, "lib")
+            self.python(*"setup.py build_ext --inplace --build-temp".split(), temp, "--build-lib", lib,
+                        env=dict(env, MAX_JOBS=str(os.cpu_count())))  # fmt: skip
         self.python(
             "-c",
             "import json, sys, flashmla_perm as f; i = f.build_info(); print('BUILD_INFO', json.dumps(i));"
@@ -175,15 +172,8 @@ class Check:
         self.handler = crash_probe.build_handler(self.out)  # preloaded into the test steps
 
     def step_probe(self):
-        self.python(
-            "device/crash_probe.py",
-            "--device",
-            self.device,
-            "--out",
-            self.out,
-            "--timeout",
-            str(self.timeouts["probe"] - 5),
-        )
+        timeout = str(self.timeouts["probe"] - 5)
+        self.python("device/crash_probe.py", "--device", self.device, "--out", self.out, "--timeout", timeout)
 
     def bench(self, *args, env=None, check=True):
         quick = ["--layers", "2", "--reps", "1", "--tokens", "256"] if self.dry else ["--reps", "5"]
@@ -195,20 +185,9 @@ class Check:
         # The model's kinds; not `generic` (4 one-shot permutations of 4 Mi
         # units, host planning each time), which would spend the step's
         # budget before the TP rows are written.
-        self.bench(
-            "--tp",
-            "1",
-            "2",
-            "4",
-            "8",
-            "--kinds",
-            BENCH_KINDS,
-            "--kernel-times",
-            "--json",
-            self.path("bench.json"),
-            "--backends",
-            ",".join(("reference", "native", *BENCH_BASELINES)),
-        )
+        backends = ",".join(("reference", "native", *BENCH_BASELINES))
+        self.bench(*"--tp 1 2 4 8 --kernel-times --kinds".split(), BENCH_KINDS,
+                   "--json", self.path("bench.json"), "--backends", backends)  # fmt: skip
 
     def step_sweep(self):
         sweep, failed = {}, []
@@ -276,33 +255,13 @@ class Check:
         self.dry or self.python("-m", "flashmla_perm.images", "--gate", "--json", self.path("images.json"))
 
     def step_ncu(self):
-        """One ncu pass a kind over one native call, our kernels only (the
-        mangled names hold the namespace); dry: the call alone."""
+        """One ncu pass a kind over one native call; dry: the call alone."""
         ncu, wrong = find_tool("ncu"), []
         if not (self.dry or ncu):
             raise StepFailed("ncu not found")
         for kind in ("wq_b", "wo_a"):
             report = self.path(f"ncu_{kind}")
-            tool = (
-                []
-                if self.dry
-                else [
-                    ncu,
-                    "--target-processes",
-                    "all",
-                    "--clock-control",
-                    "none",
-                    "--kernel-name-base",
-                    "mangled",
-                    "--kernel-name",
-                    "regex:flashmla_perm",
-                    "--metrics",
-                    ",".join(NCU_METRICS),
-                    "--export",
-                    report,
-                    "--force-overwrite",
-                ]
-            )
+            tool = [] if self.dry else [ncu, *NCU_FLAGS.split(), "--metrics", ",".join(NCU_METRICS), "--export", report]
             if self.run(
                 [*tool, self.py, "device/ncu_case.py", kind, "--device", self.device, "--json", report + ".json"],
                 check=False,
@@ -323,21 +282,8 @@ class Check:
             raise StepFailed("compute-sanitizer not found")
         for label, plan in SANITIZE_PLANS:
             self.log.write(f"plan: {label}\n")
-            tool_argv = (
-                []
-                if self.dry
-                else [
-                    sanitizer,
-                    "--tool",
-                    tool,
-                    "--kernel-name",
-                    "kns=flashmla_perm",
-                    "--error-exitcode",
-                    "9",
-                    "--print-limit",
-                    "20",
-                ]
-            )
+            flags = "--kernel-name kns=flashmla_perm --error-exitcode 9 --print-limit 20".split()
+            tool_argv = [] if self.dry else [sanitizer, "--tool", tool, *flags]
             if self.run(
                 [*tool_argv, self.py, "device/sanitizer_case.py", self.device], env={**(env or {}), **plan}, check=False
             ):
@@ -361,11 +307,7 @@ class Check:
             *([] if self.dry or not module else ["--module", module[0]]),
             *[
                 x
-                for flag, name in (
-                    ("--card", "gpu.json"),
-                    ("--measured", "bench.json"),
-                    ("--sweep", "sweep.json"),
-                )
+                for flag, name in (("--card", "gpu.json"), ("--measured", "bench.json"), ("--sweep", "sweep.json"))
                 if os.path.exists(self.path(name)) and usable.get(name, True)
                 for x in (flag, self.path(name))
             ],
@@ -489,15 +431,10 @@ class Check:
             entry.update(status="skipped", note=blocked or "no time left in the budget")
         self.steps.append(entry)
         self.write()
-        print(
-            f"== [{name}] "
-            + (
-                f"skipped: {entry['note']}"
-                if blocked or left < 5
-                else f"timeout {entry['timeout_s']}s, log {entry['log']}"
-            ),
-            flush=True,
+        said = (
+            f"skipped: {entry['note']}" if blocked or left < 5 else f"timeout {entry['timeout_s']}s, log {entry['log']}"
         )
+        print(f"== [{name}] {said}", flush=True)
         if entry["status"] == "skipped":
             return False
         start, self.deadline = time.monotonic(), time.monotonic() + entry["timeout_s"]
