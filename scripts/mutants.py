@@ -671,25 +671,25 @@ class Builds:
             ]
             if tools and not Path(tools[0]).exists():
                 shutil.rmtree(self.harness_dir)
+        cmake = shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"
         if not (self.harness_dir / "build.ninja").exists():
-            cmake = [shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"]
-            ok, out = self._run(
-                cmake
-                + [
-                    "-S",
-                    str(self.tree),
-                    "-B",
-                    str(self.harness_dir),
-                    "-G",
-                    "Ninja",
-                    "-DFLASHMLA_PERM_BUILD_EXTENSION=OFF",
-                    "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                ]
-            )
+            flags = "-G Ninja -DFLASHMLA_PERM_BUILD_EXTENSION=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo".split()
+            ok, out = self._run([cmake, "-S", str(self.tree), "-B", str(self.harness_dir), *flags])
             if not ok:
                 return ok, out
-        cmake = shutil.which("cmake", path=str(Path(self.python).parent)) or "cmake"
         return self._run([cmake, "--build", str(self.harness_dir), "--target", "tile_harness"])
+
+    def build(self, tests):
+        """Builds what `tests` run on (the module for pytest, the harness for
+        "harness ..."): None, or what failed and its output's tail."""
+        for what, needed, build in (
+            ("native module", any(not t.startswith("harness") for t in tests), self.build_extension),
+            ("harness", any(t.startswith("harness") for t in tests), self.build_harness),
+        ):
+            ok, out = build() if needed else (True, "")
+            if not ok:
+                return what, out[-4000:]
+        return None
 
     def _run(self, cmd, env=None):
         env = dict(env or os.environ)
@@ -699,15 +699,14 @@ class Builds:
 
     def outputs(self):
         """Build products whose content a mutant changes."""
-        found = []
-        for base in (self.tree / "build",):
-            for p in base.rglob("*"):
-                if self.snapshot_dir in p.parents or not p.is_file():
-                    continue
-                if p.suffix in (".o", ".so") or p.name == "tile_harness":
-                    found.append(p)
-        found += list((self.tree / "flashmla_perm").glob("_C*.so"))
-        return found
+        built = [
+            p
+            for p in (self.tree / "build").rglob("*")
+            if self.snapshot_dir not in p.parents
+            and p.is_file()
+            and (p.suffix in (".o", ".so") or p.name == "tile_harness")
+        ]
+        return built + list((self.tree / "flashmla_perm").glob("_C*.so"))
 
     def snapshot(self):
         shutil.rmtree(self.snapshot_dir, ignore_errors=True)
@@ -800,21 +799,13 @@ def main():
     cuda, cuda_build = torch_says("torch.cuda.is_available()"), torch_says("torch.version.cuda")
     t0 = time.time()
     log(f"== copying {src} to {tree} ({sync_tree(src, tree)} files changed)")
-    builds = Builds(tree, args.python)
-    need_ext = any(not t.startswith("harness") for m in chosen for t in m.tests)
-    need_harness = any(t.startswith("harness") for m in chosen for t in m.tests)
-    for what, needed, build in (
-        ("native module", need_ext, builds.build_extension),
-        ("harness", need_harness, builds.build_harness),
-    ):
-        if not needed:
-            continue
-        start = time.time()
-        ok, out = build()
-        if not ok:
-            log(out[-4000:])
-            sys.exit(f"== the clean tree's {what} did not build")
-        log(f"== clean {what} built in {time.time() - start:.0f}s")
+    builds, start = Builds(tree, args.python), time.time()
+    all_tests = [t for m in chosen for t in m.tests]
+    failed = builds.build(all_tests)
+    if failed:
+        log(failed[1])
+        sys.exit(f"== the clean tree's {failed[0]} did not build")
+    log(f"== the clean tree built in {time.time() - start:.0f}s")
     builds.snapshot()
     imported = subprocess.run(
         [args.python, "-c", "import flashmla_perm, sys; print(flashmla_perm.__file__)"],
@@ -822,7 +813,7 @@ def main():
         capture_output=True,
         text=True,
     ).stdout.strip()
-    if need_ext and not imported.startswith(str(tree)):
+    if any(not t.startswith("harness") for t in all_tests) and not imported.startswith(str(tree)):
         sys.exit(f"== the copy imports flashmla_perm from {imported!r}, not from {tree}")
 
     # Each mutant's place, checked before anything runs.
@@ -862,19 +853,11 @@ def main():
         ((lo, hi),) = places(m, tree)
         path.write_text(original[:lo] + m.new + original[hi:])
         try:
-            status = None
-            wants_ext = any(not t.startswith("harness") for t in m.tests)
-            wants_harness = any(t.startswith("harness") for t in m.tests)
-            for what, needed, build in (
-                ("native module", wants_ext, builds.build_extension),
-                ("harness", wants_harness, builds.build_harness),
-            ):
-                if needed and status is None:
-                    ok, out = build()
-                    if not ok:
-                        status = f"BUILD FAILED ({what})"
-                        log(out[-3000:])
-            if status is None:
+            failed = builds.build(m.tests)
+            if failed:
+                status = f"BUILD FAILED ({failed[0]})"
+                log(failed[1][-3000:])
+            else:
                 killers = []
                 for t in m.tests:
                     ok, secs, out, hung = run_test(t, tree, args.python, limit.get(t, args.timeout))
