@@ -1,53 +1,25 @@
 #!/usr/bin/env python3
 """Load-time cost of permuting a whole model's wq_b and wo_a weights.
 
-Kinds (one rank's shard at tensor-parallel size t, one item per layer):
+Kinds (one rank's shard at TP t, one item per layer): wq_b, wo_a (weight +
+ue8m0 scale, in place); wq_b_packed, wv_packed (DeepGEMM's packed MN-major
+int32 scale); permute_q, permute_q_h128 (Q [tokens, 64/t or 128/t, 512] bf16,
+out of place); load (a layer's four tensors through their weight loaders);
+generic (permute_ on large uint8 tensors, a row per shape: generic:<shape>).
 
-  wq_b, wo_a          weight + ue8m0 scale, permuted in place
-  wq_b_packed         wq_b with DeepGEMM's packed MN-major int32 scale
-  wv_packed           the 3-D wv weight with its packed scale
-  permute_q           Q activations [tokens, 64/t, 512] bf16, out of place
-  permute_q_h128      the same with 128/t heads
-  load                the four tensors of a layer loaded through their weight
-                      loaders, checkpoint -> param (pinned host -> GPU on CUDA)
-  generic             permute_ on one-shot large permutations of uint8 tensors:
-                      [4Mi], [4Mi, 16] and [1Mi, 256] along 0, [16, 1Mi] along
-                      1, a row each (kind generic:<shape>); `reference` is
-                      torch's t.copy_(t.index_select(dim, perm)), `native` the
-                      call with a perm it has planned (the same perm again),
-                      `native_first` a fresh random perm each call (no plan)
-
-Backends, side by side in one process, taking turns within each pass:
-`copy` (a plain copy of the same bytes, for the weight kinds each layer into
-buffers of its own, as a loader writes each layer into its own params; for
-`load` the plain loader, vLLM's default_weight_loader), `reference` (the
-plain torch gather; for `load`, vLLM's permute_on_load, reported as `vllm`)
-and `native` (this package). Three baselines for the in-place weight kinds,
-when --backends names them: `inplace` (torch's own elementwise kernel reads
-every byte and writes it back in place: a bitwise or with 0 on the widest
-integer words that tile the storage), `outofplace` (the same kernel into
-each layer's own buffers; the ratio of the two is what streaming in place
-costs on the device, apart from any permutation) and `copy_1buf` (the copy
-into one set of buffers that every layer reuses, as the first device run's
-copy did: a GPU's L2 then absorbs part of its writes).
-
-Per (device, tp, kind, backend): the median wall time (host-inclusive) and
-device time of a whole pass over the layers, effective bandwidth (the bytes
-moved: each byte read once and written once, over the time), the ratios to
-the copy, the speedup over the reference, and the extra peak memory of one
-call (CPU: peak RSS of a fresh subprocess above its level just before the
-call; CUDA: peak allocated above the level before). Device time on CUDA: the
-pass captured in a CUDA graph and replayed (events), or, for a backend that
-cannot be captured (it syncs or copies from the host), the sum of the device
-activity torch.profiler records; on the CPU it is the wall time.
+Backends, taking turns within each pass: copy (the same bytes, each layer into
+buffers of its own; for load, vLLM's default_weight_loader), reference
+(torch's gather; for load, vLLM's permute_on_load, reported as vllm), native
+(this package; generic adds native_first, a fresh perm each call) and, for the
+in-place weight kinds, the baselines inplace, outofplace and copy_1buf.
 
 Every backend is checked byte for byte against the reference before it is
-timed; a wrong one is reported as wrong, never timed, and the exit status is
-1. The layers are distinct tensors of random bytes (no cache-resident reruns)
-and warm-up is excluded.
-
-Default: DeepSeek-V4.1-Flash at TP 1, 43 layers, every kind and backend
-available here.
+timed (a wrong one is reported, not timed, and the exit status is 1). Per
+row: medians of wall and device time per pass (CUDA: graph replay, or
+torch.profiler where a pass cannot be captured), bandwidth, ratios to the
+copy and the reference, and one call's extra peak memory (fresh subprocess).
+docs/performance.md has the method. Default: DeepSeek-V4.1-Flash, TP 1, 43
+layers, every kind and backend available here.
 """
 
 import argparse
@@ -57,6 +29,7 @@ import io
 import json
 import logging
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -68,11 +41,12 @@ import torch
 
 # Run as a script, only bench/ is on sys.path: the repository root goes first,
 # so that the package built in place is the one imported.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import flashmla_perm  # noqa: E402
 from flashmla_perm import reference  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "device"))
+sys.path.insert(0, os.path.join(ROOT, "device"))
 from card import record_cuda_card  # noqa: E402
 
 WEIGHT_KINDS = ("wq_b", "wo_a", "wq_b_packed", "wv_packed")
@@ -92,42 +66,27 @@ MiB = 1 << 20
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--tp", type=int, nargs="+", default=[1], choices=[1, 2, 4, 8], help="tensor-parallel sizes, e.g. --tp 1 2 4 8"
-    )
-    p.add_argument("--layers", type=int, default=43, help="layers carrying wq_b/wo_a (40 + 3 MTP)")
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--head-dim", type=int, default=512)
-    p.add_argument("--q-lora-rank", type=int, default=1280, help="K of wq_b")
-    p.add_argument("--o-lora-rank", type=int, default=1024, help="rows of wo_a per group")
-    p.add_argument("--group", type=int, default=8, help="heads per wo_a group")
-    p.add_argument("--tokens", type=int, default=4096, help="tokens of the permute_q kinds")
-    p.add_argument("--weight-dtype", default="float8_e4m3fn")
-    p.add_argument("--scale-dtype", default="uint8", help="uint8 or float8_e8m0fnu")
-    p.add_argument("--reps", type=int, default=5, help="timed passes over the model")
-    p.add_argument("--kinds", default=",".join(KINDS))
-    p.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
-    p.add_argument(
-        "--backends",
-        default="reference,native",
-        help="besides the copy; for the load kind `reference` is vLLM's permute_on_load; "
-        "the in-place weight kinds also take the baselines inplace, outofplace and copy_1buf",
-    )
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
-    p.add_argument(
-        "--kernel-times",
-        action="store_true",
-        help="after the timed passes, one more pass per backend under torch.profiler: "
-        "each kernel's launches, total and mean device time per op (CPU: top-level ops)",
-    )
-    p.add_argument("--json", metavar="PATH", help="every number, rewritten as each kind finishes")
-    p.add_argument("--memory-probe", help=argparse.SUPPRESS)
+    add = p.add_argument
+    add("--tp", type=int, nargs="+", default=[1], choices=[1, 2, 4, 8], help="tensor-parallel sizes, e.g. --tp 1 2 4 8")
+    add("--layers", type=int, default=43, help="layers carrying wq_b/wo_a (40 + 3 MTP)")
+    add("--heads", type=int, default=64)
+    add("--head-dim", type=int, default=512)
+    add("--q-lora-rank", type=int, default=1280, help="K of wq_b")
+    add("--o-lora-rank", type=int, default=1024, help="rows of wo_a per group")
+    add("--group", type=int, default=8, help="heads per wo_a group")
+    add("--tokens", type=int, default=4096, help="tokens of the permute_q kinds")
+    add("--weight-dtype", default="float8_e4m3fn")
+    add("--scale-dtype", default="uint8", help="uint8 or float8_e8m0fnu")
+    add("--reps", type=int, default=5, help="timed passes over the model")
+    add("--kinds", default=",".join(KINDS))
+    add("--devices", default=None, help="default: cpu, and cuda when present")
+    add("--backends", default="reference,native", help="besides the copy; also inplace,outofplace,copy_1buf")
+    add("--no-memory", action="store_true", help="skip the peak-memory probes")
+    add("--kernel-times", action="store_true", help="then a pass per backend under torch.profiler, by kernel")
+    add("--json", metavar="PATH", help="every number, rewritten as each kind finishes")
+    add("--memory-probe", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = {
-        k
-        for k in args.kinds.split(",")
-        if k.split(":")[0] != "generic" or k not in ("generic", *(f"generic:{c}" for c in GENERIC_CASES))
-    } - set(KINDS)
+    unknown = set(args.kinds.split(",")) - {*KINDS, *(f"generic:{c}" for c in GENERIC_CASES)}
     if unknown:
         p.error(f"unknown kinds {sorted(unknown)} (known: {', '.join(KINDS)})")
     return args
@@ -140,8 +99,7 @@ def shapes(args, kind, tp):
     """(weight shape, scale shape, the op's integer argument) of one rank's shard.
     The packed kinds' scales are int32, one word per 128 weight columns."""
     cols = args.group * args.head_dim
-    groups = args.heads // args.group
-    groups_here = max(groups // tp, 1)  # below one group per rank, each rank holds one
+    groups_here = max(args.heads // args.group // tp, 1)  # below one group per rank, each rank holds one
     if kind in ("wq_b", "wq_b_packed"):
         rows, k = args.heads // tp * args.head_dim, args.q_lora_rank
         per = PACKED_COLUMNS if kind == "wq_b_packed" else 32
@@ -167,8 +125,7 @@ def mn_major_words(shape, device):
     """Random int32 words ``[..., rows, W]`` in DeepGEMM's MN-major storage:
     ``[..., W, align4(rows)]`` seen through its transpose (padding rows zero)."""
     *lead, rows, words = shape
-    pad = (rows + 3) // 4 * 4
-    storage = torch.zeros((*lead, words, pad), dtype=torch.int32, device=device)
+    storage = torch.zeros((*lead, words, (rows + 3) // 4 * 4), dtype=torch.int32, device=device)
     view = storage.transpose(-1, -2)[..., :rows, :]
     view.copy_(random_like_bytes((*lead, rows, 4 * words), "uint8", device).view(torch.int32))
     return view
@@ -201,27 +158,25 @@ def sync(device):
 
 
 # --------------------------------------------------------------------------- cases
-#
-# A case is what one (device, tp, kind) times: the items of a pass (one per
-# layer) and, per backend, a function of one item. `check(backend)` says
-# whether the backend gives the reference's bytes, on an item of its own.
 
 
 @dataclasses.dataclass
 class Case:
+    """What one (device, tp, kind) times: the items of a pass (one per layer)
+    and, per backend, a function of one item."""
+
     items: list
     fns: Dict[str, Callable]  # "copy" first: the baseline
     item_bytes: int  # bytes of one item's tensors; a pass moves 2x that per item, at the least
-    check: Callable[[str], bool]
+    check: Callable[[str], bool]  # whether a backend gives the reference's bytes, on an item of its own
     capturable: frozenset  # backends whose pass a CUDA graph can capture (no sync, no host copy)
     reference: str = "reference"
     note: str = ""  # printed once: where the backends came from
 
 
 def layer_buffers(layers, device):
-    """Per layer, a buffer per tensor of its storage's size: its own, as a
-    loader writes each layer into params of its own. Poisoned, so that their
-    pages exist before anything is timed."""
+    """Per layer, a buffer per tensor of its storage's size, as a loader writes each
+    layer into params of its own. Poisoned: their pages exist before any timing."""
     return {
         id(layer): [torch.full((tensors_bytes([t]),), 0xA5, dtype=torch.uint8, device=device) for t in layer]
         for layer in layers
@@ -238,12 +193,10 @@ def copy_into(buffers_of):
     return run
 
 
-# Baselines that are not the product (see the docstring): not permutations,
-# so not checked against the reference, and no memory probe. copy_1buf is the
-# copy into one set of buffers that every layer reuses, as the first device
-# run's copy was: on a GPU whose L2 holds much of a layer, the previous
-# layer's dirty lines absorb writes that the copy into each layer's own
-# buffers (the `copy`) sends to DRAM.
+# Baselines, not the product: torch's elementwise kernel streaming every byte
+# in place or into each layer's own buffers, and the copy into one set of
+# buffers every layer reuses (a GPU's L2 then absorbs part of its writes). Not
+# permutations: not checked against the reference, no memory probe.
 BASELINES = ("inplace", "outofplace", "copy_1buf")
 
 
@@ -283,7 +236,7 @@ def weight_case(args, kind, tp, device, backends, layers):
     _, _, arg = shapes(args, kind, tp)
     items = [make_layer(args, kind, tp, device) for _ in range(layers)]
     own = layer_buffers(items, device)
-    own_buffers = lambda layer: own[id(layer)]  # noqa: E731 (items stay alive with the case)
+    own_buffers = lambda layer: own[id(layer)]  # items stay alive with the case
     shared = layer_buffers(items[:1], device)[id(items[0])] if "copy_1buf" in backends else None
 
     def check(name):
@@ -307,8 +260,7 @@ def weight_case(args, kind, tp, device, backends, layers):
 
 def q_case(args, kind, tp, device, backends, layers):
     """Q activations, permuted out of place (the copy: into a preallocated tensor)."""
-    heads = (Q_KINDS[kind] or args.heads) // tp
-    shape = (args.tokens, heads, args.head_dim)
+    shape = (args.tokens, (Q_KINDS[kind] or args.heads) // tp, args.head_dim)
     items = [random_like_bytes(shape, torch.bfloat16, device) for _ in range(min(layers, Q_ITEMS))]
     out = torch.empty_like(items[0])
     ops = {"reference": reference.permute_q_to_fused, "native": flashmla_perm.permute_q_to_fused}
@@ -322,11 +274,8 @@ def q_case(args, kind, tp, device, backends, layers):
 
 
 # --------------------------------------------------------------------------- the load kind
-#
-# As vLLM's DeepSeek-V4.1 layer does it: each param carries a weight_loader
-# (vLLM's default_weight_loader: param.data.copy_(loaded_weight)), wrapped once
-# by permute_on_load(param, perm, dim) in the layer's __init__; loading a
-# checkpoint tensor calls param.weight_loader(param, loaded_weight).
+# As vLLM's DeepSeek-V4.1 layer does it: each param's weight_loader, wrapped
+# once by permute_on_load(param, perm, dim), is called with each checkpoint tensor.
 
 
 def plain_loader(param, loaded_weight):
@@ -336,38 +285,27 @@ def plain_loader(param, loaded_weight):
 
 
 def permute_on_load_equivalent(param, perm, dim):
-    """vLLM 0.33.0's permute_on_load (composed_weight_loader(loader, gather)),
-    for a machine without vLLM."""
+    """vLLM 0.33.0's permute_on_load (composed_weight_loader(loader, gather)), for a machine without vLLM."""
     loader = param.weight_loader
-
-    def gather(t):
-        return t.view(torch.uint8).index_select(dim, perm.to(t.device)).view(t.dtype)
 
     def composed_loader(param, loaded_weight):
         loader(param, loaded_weight)
-        param.data.copy_(gather(param))
+        param.data.copy_(param.view(torch.uint8).index_select(dim, perm.to(param.device)).view(param.dtype))
 
     param.weight_loader = composed_loader
 
 
-# What importing vLLM 0.33.0 logs at ERROR on a machine without its GPU
-# stack (its warnings, the missing vllm._C among them, are dropped by level).
-# Loading uses none of that stack: nothing is wrong, but the line reads so.
+# What importing vLLM 0.33.0 logs at ERROR on a machine without its GPU stack
+# (which loading does not use): nothing is wrong, but the line reads so.
 GPU_STACK_ERRORS = re.compile(r"^Failed to import Triton kernels\b")
 
 
 @contextlib.contextmanager
 def quiet_vllm_import():
-    """Keeps what importing vLLM says about its GPU stack out of the output.
-    vLLM 0.33.0 reads VLLM_LOGGING_LEVEL only when an engine configures its
-    logging, never at import: until then its loggers have no handler, and
-    Python prints their warnings and errors bare on sys.stderr. So, during
-    the import, vLLM's logger is held at ERROR, and so is the torch logger
-    that warns that Triton is missing; sys.stderr goes to a buffer, written
-    back without the line above. Everything else still
-    shows: other lines, any exception, and what native code writes (a
-    crash's report), which never passes through sys.stderr. A user who sets
-    VLLM_LOGGING_LEVEL gets vLLM's import exactly as vLLM prints it."""
+    """During the import, vLLM's logger and torch's Triton one held at ERROR
+    (with no handler yet, they print bare on sys.stderr) and sys.stderr
+    buffered, then written back without GPU_STACK_ERRORS' lines: all else
+    still shows. VLLM_LOGGING_LEVEL set: vLLM's import as vLLM prints it."""
     if "VLLM_LOGGING_LEVEL" in os.environ:
         yield
         return
@@ -403,27 +341,13 @@ def vllm_loaders():
     return default_weight_loader, fused_layout.permute_on_load, f"vllm {vllm.__version__}"
 
 
-def load_specs(args, tp):
-    """(shape, dtype, perm, dim) of a layer's four params, as vLLM's layer wraps them."""
-    q_perm = reference.q_fused_permutation(args.heads // tp, args.head_dim)
-    o_perm = reference.o_fused_permutation(args.group, args.head_dim)
-    o_chunk_perm = reference.o_fused_chunk_permutation(args.group, args.head_dim)
-    wq_b, wq_b_scale, _ = shapes(args, "wq_b", tp)
-    wo_a, wo_a_scale, _ = shapes(args, "wo_a", tp)
-    return [
-        (wq_b, args.weight_dtype, q_perm, 0),
-        (wq_b_scale, args.scale_dtype, q_perm, 0),
-        (wo_a, args.weight_dtype, o_perm, 1),
-        (wo_a_scale, args.scale_dtype, o_chunk_perm, 1),
-    ]
-
-
-def load_ways(backends):
-    """{backend: permute_on_load to wrap its params with, or None}, the copy
-    first, and a note on where they came from. Imports vLLM (seconds) only
-    when its way is asked for."""
-    loader, ways, notes = plain_loader, {"copy": None}, []
-    if "reference" in backends:
+def load_case(args, tp, device, backends, layers):
+    """Each layer: its four checkpoint tensors and, per way (the copy, vLLM's,
+    the native), four fresh params wrapped once with its permute_on_load. The
+    ways' params share one storage per layer: every load overwrites all of
+    it, and three full copies of the model would not fit a small machine."""
+    loader, ways, notes, cuda = plain_loader, {"copy": None}, [], device.startswith("cuda")
+    if "reference" in backends:  # imports vLLM (seconds) only when its way is asked for
         loader, ways["vllm"], source = vllm_loaders()
         notes.append(f"load: vllm = permute_on_load of {source}")
     if "native" in backends:
@@ -431,43 +355,30 @@ def load_ways(backends):
             ways["native"] = flashmla_perm.permute_on_load
         else:
             notes.append("load: native skipped: this flashmla_perm has no permute_on_load")
-    return loader, ways, "; ".join(notes)
+    q_perm = reference.q_fused_permutation(args.heads // tp, args.head_dim)
+    wq_b, wq_b_scale, _ = shapes(args, "wq_b", tp)
+    wo_a, wo_a_scale, _ = shapes(args, "wo_a", tp)
+    specs = [  # (shape, dtype, perm, dim) of a layer's four params, as vLLM's layer wraps them
+        (wq_b, args.weight_dtype, q_perm, 0),
+        (wq_b_scale, args.scale_dtype, q_perm, 0),
+        (wo_a, args.weight_dtype, reference.o_fused_permutation(args.group, args.head_dim), 1),
+        (wo_a_scale, args.scale_dtype, reference.o_fused_chunk_permutation(args.group, args.head_dim), 1),
+    ]
 
-
-def checkpoint_tensor(shape, dtype, device):
-    """Random bytes where a checkpoint tensor is: on CUDA in pinned host
-    memory (made on the device: the CPU's generator is slow), else on the CPU."""
-    t = random_like_bytes(shape, dtype, device)
-    if not device.startswith("cuda"):
-        return t
-    pinned = torch.empty(shape, dtype=t.dtype, pin_memory=True)
-    pinned.copy_(t)
-    return pinned
-
-
-def load_case(args, tp, device, backends, layers):
-    """Each layer: its four checkpoint tensors (random bytes; on CUDA in
-    pinned host memory) and, per way, four fresh params wrapped once. The
-    ways' params share one storage per layer: every load overwrites all of
-    it, and three full copies of the model would not fit a small machine."""
-    loader, ways, note = load_ways(backends)
-    specs = load_specs(args, tp)
-
-    def checkpoint():
-        return [checkpoint_tensor(shape, dtype, device) for shape, dtype, _, _ in specs]
+    def checkpoint():  # random bytes; on CUDA in pinned host memory, made on the device (the CPU's RNG is slow)
+        made = (random_like_bytes(shape, dtype, device) for shape, dtype, _, _ in specs)
+        return [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if cuda else t for t in made]
 
     def storage():  # zeros, not empty: the pages exist before any timed load
         return [torch.zeros(shape, dtype=getattr(torch, dtype), device=device) for shape, dtype, _, _ in specs]
 
     def params(wrap, tensors):
-        out = []
-        for t, (_, _, perm, dim) in zip(tensors, specs):
-            p = torch.nn.Parameter(t, requires_grad=False)  # shares t's storage
+        ps = [torch.nn.Parameter(t, requires_grad=False) for t in tensors]  # each shares its tensor's storage
+        for p, (_, _, perm, dim) in zip(ps, specs):
             p.weight_loader = loader
             if wrap is not None:
                 wrap(p, perm, dim)
-            out.append(p)
-        return out
+        return ps
 
     def load(ps, ckpt):
         for p, c in zip(ps, ckpt):
@@ -477,7 +388,7 @@ def load_case(args, tp, device, backends, layers):
     storages = [storage() for _ in range(layers)]
     fns = {}
     for name, wrap in ways.items():
-        per_layer = {i: params(wrap, storages[i]) for i in range(layers)}
+        per_layer = [params(wrap, s) for s in storages]
         fns[name] = lambda i, per_layer=per_layer: load(per_layer[i], checkpoints[i])
 
     def check(name):
@@ -490,36 +401,27 @@ def load_case(args, tp, device, backends, layers):
         reference.permute_wo_a_(expected[2], expected[3], args.group)
         return same_bytes(dst, expected)
 
-    return Case(
-        list(range(layers)), fns, tensors_bytes(checkpoints[0]), check, frozenset(), reference="vllm", note=note
-    )
+    note = "; ".join(notes)
+    return Case(list(range(layers)), fns, tensors_bytes(checkpoints[0]), check, frozenset(), "vllm", note)
 
 
 def generic_case(args, kind, device, backends):
-    """permute_ on one large uint8 tensor, a fresh random perm each call
-    (native_first: no plan cached, nor anything of the perm) or the same perm
-    again (native: its plan found; reference: torch's gather + copy). The
-    items are calls on one tensor (tp and --layers do not apply): a pass is
-    --reps calls' worth of perms drawn before it is timed."""
+    """permute_ on one large uint8 tensor: the same perm again (native: its plan
+    found; reference: torch's gather + copy) or, native_first, a fresh random
+    perm each call (no plan). Items are calls (tp and --layers do not apply)."""
     shape, dim = GENERIC_CASES[kind.split(":", 1)[1]]
     t = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
     out = torch.empty_like(t)
     n = shape[dim]
     perm = torch.randperm(n, device=device)
     items = [0, 1]
-    # Perms never used, drawn before anything is timed: native_first takes
-    # one a call (the warm-up call, then each pass's).
-    fresh = (
-        [torch.randperm(n, device=device) for _ in range(1 + len(items) * args.reps)] if "native" in backends else []
-    )
-
-    def first(_):
-        flashmla_perm.permute_(t, fresh.pop(), dim)
-
+    # Perms drawn before anything is timed, one a native_first call: the warm-up's, each pass's.
+    draws = 1 + len(items) * (args.reps + args.kernel_times) if "native" in backends else 0
+    fresh = [torch.randperm(n, device=device) for _ in range(draws)]
     ops = {
         "reference": lambda _: t.copy_(t.index_select(dim, perm)),
         "native": lambda _: flashmla_perm.permute_(t, perm, dim),
-        "native_first": first,
+        "native_first": lambda _: flashmla_perm.permute_(t, fresh.pop(), dim),
     }
 
     def check(name):
@@ -531,9 +433,7 @@ def generic_case(args, kind, device, backends):
         flashmla_perm.permute_(x, p, dim)  # again: through its plan
         return ok and torch.equal(x, expected.index_select(dim, p))
 
-    names = [b for b in backends if b in ops]
-    if "native" in names:
-        names.append("native_first")
+    names = [b for b in backends if b in ops] + (["native_first"] if "native" in backends else [])
     fns = {"copy": lambda _: out.copy_(t), **{b: ops[b] for b in names}}
     return Case(items, fns, t.numel(), check, frozenset({"copy", "native"}))
 
@@ -549,9 +449,8 @@ def make_case(args, kind, tp, device, backends, layers):
 
 
 def available_backends(args):
-    wanted = args.backends.split(",")
     native = flashmla_perm.build_info()["native"]
-    return [b for b in wanted if b in ("reference", *BASELINES) or (b == "native" and native)]
+    return [b for b in args.backends.split(",") if b in ("reference", *BASELINES) or (b == "native" and native)]
 
 
 # --------------------------------------------------------------------------- timing
@@ -566,20 +465,9 @@ def wall_seconds(device, run):
     return time.perf_counter() - t0
 
 
-def event_seconds(run):
-    """Device time of run() on the current stream (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def capture_graph(run):
-    """run() captured in a CUDA graph; returns the replay. The warm-up on a
-    side stream first is what torch.cuda.graph asks for (lazy init off the
-    capture)."""
+def graph_timer(run):
+    """run() captured in a CUDA graph (after a warm-up on a side stream, as
+    torch.cuda.graph asks); returns a callable: one replay's device seconds."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -588,18 +476,25 @@ def capture_graph(run):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    return graph.replay
+
+    def seconds():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return seconds
 
 
 def profile_totals(run, cuda):
-    """{name: (count, microseconds)} of one run() under torch.profiler: every
-    device activity (kernels, memcpy, memset) on CUDA, the top-level ops on
-    the CPU."""
+    """{name: (count, microseconds)} of one run() under torch.profiler: every device
+    activity (kernels, memcpy, memset) on CUDA, the top-level ops on the CPU."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         run()
         if cuda:
             torch.cuda.synchronize()
@@ -627,8 +522,7 @@ def device_timer(device, run_pass, capturable):
         return None, "wall"
     if capturable:
         try:
-            replay = capture_graph(run_pass)
-            return (lambda: event_seconds(replay)), "graph"
+            return graph_timer(run_pass), "graph"
         except RuntimeError as e:  # a backend that syncs inside: say so, and profile it instead
             progress(f"graph capture failed ({first_line(e)}); torch.profiler instead")
             torch.cuda.synchronize()
@@ -662,35 +556,28 @@ def time_case(args, case, device, label):
     device time was taken)}, `args.reps` passes each, backends interleaved
     so that drift hits every backend alike."""
     passes = {name: one_pass(fn, case.items) for name, fn in case.fns.items()}
-    for name, fn in case.fns.items():  # warm-up: plans, allocator, page faults
+    for fn in case.fns.values():  # warm-up: plans, allocator, page faults
         fn(case.items[0])
     sync(device)
     timers = {name: device_timer(device, run, name in case.capturable) for name, run in passes.items()}
-    wall = {name: [] for name in passes}
-    dev = {name: [] for name in passes}
+    times = {name: ([], [], how) for name, (_, how) in timers.items()}
     for rep in range(args.reps):
         for name, run in passes.items():
             progress(f"{label} pass {rep + 1}/{args.reps}: {name}")
-            wall[name].append(wall_seconds(device, run))
-            timer, _ = timers[name]
-            dev[name].append(timer() if timer else wall[name][-1])
-    return {name: (wall[name], dev[name], timers[name][1]) for name in passes}
+            wall, dev, _ = times[name]
+            wall.append(wall_seconds(device, run))
+            timer = timers[name][0]
+            dev.append(timer() if timer else wall[-1])
+    return times
 
 
 # --------------------------------------------------------------------------- kernel times
 
 
-def short_kernel_name(name):
-    name = re.sub(r"^void ", "", name)
-    name = re.sub(r"\(anonymous namespace\)::|flashmla_perm::|at::native::", "", name)
-    return re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)  # the parameter list
-
-
 def kernel_times(case, device, kind, tp, label):
-    """One extra pass per backend under torch.profiler, apart from the timed
-    passes (whose numbers it does not touch): each device activity by name,
-    with its launches, total and mean device time per op call (one call per
-    item). On the CPU: the top-level ops, by CPU time."""
+    """One extra pass per backend under torch.profiler, after the timed ones:
+    each device activity (CPU: top-level op) by name, its launches, total and
+    mean time per op call (one call per item)."""
     cuda = device.startswith("cuda")
     rows = []
     for name, fn in case.fns.items():
@@ -708,28 +595,23 @@ def kernel_times(case, device, kind, tp, label):
             rows.append({**key, "error": why})
         ops = len(case.items)
         for kernel, (count, us) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
-            rows.append(
-                {
-                    **key,
-                    "kernel": kernel,
-                    "time": "device" if cuda else "cpu",
-                    "launches": count,
-                    "ops": ops,
-                    "launches_per_op": count / ops,
-                    "total_us_per_op": us / ops,
-                    "mean_us": us / count,
-                }
-            )
+            row = {**key, "kernel": kernel, "time": "device" if cuda else "cpu", "launches": count, "ops": ops}
+            rows.append({**row, "launches_per_op": count / ops, "total_us_per_op": us / ops, "mean_us": us / count})
     return rows
 
 
+def short_kernel_name(name):
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"\(anonymous namespace\)::|flashmla_perm::|at::native::", "", name)
+    return re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)  # the parameter list
+
+
 def print_kernel_times(rows, top=6):
-    print()
     print(
-        f"kernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
+        "\nkernel times (torch.profiler, one extra pass per backend; per op = per layer call; "
         f"the {top} longest of each, all in --json)"
     )
-    head = f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
+    head = f"{ROW_HEAD} {'launch/op':>9} {'us/op':>9} {'mean us':>9}  kernel"
     print(head)
     print("-" * len(head))
     shown = {}
@@ -738,14 +620,11 @@ def print_kernel_times(rows, top=6):
         shown[key] = shown.get(key, 0) + 1
         if shown[key] > top:
             continue
-        lead = f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9}"
         if "error" in r:
-            print(f"{lead} {r['error']}")
+            print(f"{row_lead(r)} {r['error']}")
             continue
-        print(
-            f"{lead} {r['launches_per_op']:9.2f} {r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}  "
-            f"{short_kernel_name(r['kernel'])}"
-        )
+        figures = f"{r['launches_per_op']:9.2f} {r['total_us_per_op']:9.1f} {r['mean_us']:9.1f}"
+        print(f"{row_lead(r)} {figures}  {short_kernel_name(r['kernel'])}")
 
 
 # --------------------------------------------------------------------------- memory
@@ -753,10 +632,7 @@ def print_kernel_times(rows, top=6):
 
 def read_hwm_bytes():
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+        return int(re.search(r"^VmHWM:\s*(\d+) kB", f.read(), re.M).group(1)) * 1024
 
 
 def memory_probe(spec):
@@ -764,10 +640,9 @@ def memory_probe(spec):
     above the tensors it works on (for `load`: the params and the checkpoint)."""
     args = parse_args(spec["argv"])
     kind, tp, device, backend = spec["kind"], spec["tp"], spec["device"], spec["backend"]
-    option = {"copy": [], "vllm": ["reference"]}.get(backend, [backend])  # its --backends name
+    # Its --backends name (native_first's fresh perms come with the native backend).
+    option = {"copy": [], "vllm": ["reference"], "native_first": ["native"]}.get(backend, [backend])
     case = make_case(args, kind, tp, device, option, layers=2)
-    if backend == "native_first":  # the fresh perms come with the native backend
-        case = make_case(args, kind, tp, device, ["native"], layers=2)
     fn = case.fns[backend]
     fn(case.items[0])  # warm-up: plans and allocator pools exist already
     if device.startswith("cuda"):
@@ -790,16 +665,14 @@ def memory_probe(spec):
 
 def measure_memory(argv, kind, tp, device, backend):
     spec = json.dumps({"argv": argv, "kind": kind, "tp": tp, "device": device, "backend": backend})
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--memory-probe", spec], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, os.path.abspath(__file__), "--memory-probe", spec]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- report
 
 
-def summarize(args, key, case, times, memory):
+def summarize(key, case, times, memory):
     """One row per backend: key (device, kind, tp) + its numbers."""
     items = len(case.items)
     moved = 2 * case.item_bytes  # per item: every byte read once and written once, at the least
@@ -836,42 +709,35 @@ def summarize(args, key, case, times, memory):
     return rows
 
 
+ROW_HEAD = f"{'device':6} {'kind':14} {'tp':>2} {'backend':9}"
 TABLE_HEAD = (
-    f"{'device':6} {'kind':14} {'tp':>2} {'backend':9} {'ms/layer':>9} {'dev ms':>8} {'how':8} "
+    f"{ROW_HEAD} {'ms/layer':>9} {'dev ms':>8} {'how':8} "
     f"{'GB/s':>7} {'x copy':>7} {'x c dev':>7} {'vs ref':>7} {'extra mem':>15}"
 )
 
 
+def row_lead(r):
+    return f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9}"
+
+
 def print_rows(rows):
     for r in rows:
-        mem = (
-            f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
-            if "extra_peak_bytes" in r
-            else ""
-        )
         vs = f"{r['speedup_vs_reference']:6.1f}x" if "speedup_vs_reference" in r else ""
+        mem = ""
+        if "extra_peak_bytes" in r:
+            mem = f"{r['extra_peak_bytes'] / MiB:7.1f} MiB {r['extra_peak_fraction']:4.2f}x"
         print(
-            f"{r['device']:6} {r['kind']:14} {r['tp']:2} {r['backend']:9} {r['ms_per_layer']:9.3f} "
-            f"{r['device_ms_per_layer']:8.3f} {r['device_time']:8} {r['gbytes_per_s']:7.2f} "
-            f"{r['x_copy']:6.2f}x {r['x_copy_device']:6.2f}x {vs:>7} {mem:>15}",
+            f"{row_lead(r)} {r['ms_per_layer']:9.3f} {r['device_ms_per_layer']:8.3f} {r['device_time']:8} "
+            f"{r['gbytes_per_s']:7.2f} {r['x_copy']:6.2f}x {r['x_copy_device']:6.2f}x {vs:>7} {mem:>15}",
             flush=True,
         )
 
 
-def print_wrong(key, backend):
-    print(
-        f"{key['device']:6} {key['kind']:14} {key['tp']:2} {backend:9} "
-        f"WRONG: bytes differ from the reference; not timed",
-        flush=True,
-    )
-
-
 def write_json(path, doc):
     """The whole document, replaced atomically: a run killed later keeps it."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with open(f"{path}.tmp", "w") as f:
         json.dump(doc, f, indent=2)
-    os.replace(tmp, path)
+    os.replace(f"{path}.tmp", path)
 
 
 # --------------------------------------------------------------------------- main
@@ -892,16 +758,13 @@ def run_kind(args, argv, key, backends, doc):
         if not case.check(name):
             del case.fns[name]
             doc["wrong"].append({**key, "backend": name})
-            print_wrong(key, name)
+            print(f"{row_lead(doc['wrong'][-1])} WRONG: bytes differ from the reference; not timed", flush=True)
     times = time_case(args, case, device, label)
     if args.kernel_times:
         doc["kernel_times"] += kernel_times(case, device, kind, tp, label)
-    memory = (
-        {}
-        if args.no_memory
-        else {b: measure_memory(argv, kind, tp, device, b) for b in case.fns if b not in ("copy", *BASELINES)}
-    )
-    rows = summarize(args, key, case, times, memory)
+    probed = [] if args.no_memory else [b for b in case.fns if b not in ("copy", *BASELINES)]
+    memory = {b: measure_memory(argv, kind, tp, device, b) for b in probed}
+    rows = summarize(key, case, times, memory)
     progress(f"{label} done")
     print_rows(rows)
     doc["rows"] += rows
@@ -909,15 +772,10 @@ def run_kind(args, argv, key, backends, doc):
 
 def cpu_name():
     """The CPU's model name (Linux), else the platform's word for it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
         if m:
             return f"{m.group(1).strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -941,36 +799,23 @@ def main(argv=None):
     if "native" in args.backends and "native" not in backends:
         print(f"native backend unavailable: {info['native_error']}")
     # Which machine gave the figures: a ratio from one card is not another's.
-    doc = {
-        "args": vars(args),
-        "build_info": info,
-        "torch": torch.__version__,
-        "cpu": cpu_name(),
-        "card": None,
-        "rows": [],
-        "wrong": [],
-        "kernel_times": [],
-        "notes": [],
-    }
+    doc = {"args": vars(args), "build_info": info, "torch": torch.__version__, "cpu": cpu_name(), "card": None}
+    doc.update(rows=[], wrong=[], kernel_times=[], notes=[])
     card = record_cuda_card(doc) if "cuda" in devices and torch.cuda.is_available() else None
-    print(
-        f"cpu: {doc['cpu']}"
-        + (
-            f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak ({card['source']})"
-            if card
-            else ""
-        )
-        + (f"; cuda card not read: {doc['card_error']}" if "card_error" in doc else "")
-    )
+    machine = f"cpu: {doc['cpu']}"
+    if card:
+        machine += f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak ({card['source']})"
+    if "card_error" in doc:
+        machine += f"; cuda card not read: {doc['card_error']}"
+    print(machine)
     print(TABLE_HEAD)
     print("-" * len(TABLE_HEAD), flush=True)
+    kinds = []
+    for k in args.kinds.split(","):
+        kinds += [f"generic:{c}" for c in GENERIC_CASES] if k == "generic" else [k]
     for device in devices:
         for tp in args.tp:
-            for kind in [
-                k
-                for ks in args.kinds.split(",")
-                for k in ([f"generic:{c}" for c in GENERIC_CASES] if ks == "generic" else [ks])
-            ]:
+            for kind in kinds:
                 run_kind(args, argv, {"device": device, "kind": kind, "tp": tp}, backends, doc)
                 if args.json:
                     write_json(args.json, doc)
