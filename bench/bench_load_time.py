@@ -804,7 +804,7 @@ def main(argv=None):
     card = record_cuda_card(doc) if "cuda" in devices and torch.cuda.is_available() else None
     machine = f"cpu: {doc['cpu']}"
     if card:
-        machine += f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak ({card['source']})"
+        machine += f"; cuda: {card['name']}, {card['sms']} SMs, {card['peak_tbps']} TB/s peak"
     if "card_error" in doc:
         machine += f"; cuda card not read: {doc['card_error']}"
     print(machine)
