@@ -415,8 +415,11 @@ def generic_case(args, kind, device, backends):
     n = shape[dim]
     perm = torch.randperm(n, device=device)
     items = [0, 1]
-    # Perms drawn before anything is timed, one a native_first call: the warm-up's, each pass's.
-    draws = 1 + len(items) * (args.reps + args.kernel_times) if "native" in backends else 0
+    # Perms drawn before anything is timed, one a native_first call: the
+    # warm-up's, then each pass's (on CUDA the profiler's probe pass first, and
+    # each timed pass twice: its wall time, then the profiler's), then --kernel-times'.
+    runs = (1 + 2 * args.reps if device.startswith("cuda") else args.reps) + args.kernel_times
+    draws = 1 + len(items) * runs if "native" in backends else 0
     fresh = [torch.randperm(n, device=device) for _ in range(draws)]
     ops = {
         "reference": lambda _: t.copy_(t.index_select(dim, perm)),

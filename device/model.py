@@ -15,8 +15,8 @@ flight a CTA) for a card (device/card.py; an H200 by default) and prices:
     the same tensors (one kernel each).
 
 It does not price instruction issue, nor a one-stage CTA's loads waiting
-while it stores its tile: the device check's ncu step measures the issue
-rate, and its sweep what a stage is worth.
+while it stores its tile: the device check's ncu step counts the
+instructions, and its sweep measures what a stage is worth.
 
     python device/model.py [--card gpu.json] [--module flashmla_perm/_C*.so]
                            [--measured bench.json] [--sweep sweep.json] [--json PATH]
@@ -80,6 +80,8 @@ def card_figures(card=None):
     card = card or {}
     fig = {k: card.get(k) or v for k, v in H200.items()}
     fig["name"] = card.get("name", "H200 (no card given)")
+    if card and not card.get("peak_tbps"):  # a torch that reports no memory clock
+        fig["name"] += " (no memory peak reported: the H200's assumed)"
     fig.update(FITTED)
     fig["copy_tbps"] *= fig["peak_tbps"] / H200["peak_tbps"]
     return fig

@@ -544,7 +544,7 @@ MUTANTS = [
       "  int row_stages = 2;",
       "  int row_stages = 1;",
       ["tests/test_launches.py::test_the_sweep_plans_reach_the_launches", "harness --model"],
-      "row tiles back to one buffer by default (the plan the fitted model put 13 % of wq_b's TP1 time on)"),
+      "row tiles back to one buffer by default (the plan of the first device run)"),
     M("row-lines-slot-ignores-sub", "csrc/tile_bodies.h",
       "slot = warp * subs + sub;",
       "slot = warp * subs;",
