@@ -12,13 +12,13 @@ import re
 import sys
 
 OWN = re.compile(r"(?:^|/)(?:csrc|tests/harness)/[^\s:()]+$")
-# g++: "path:line[:col]: warning: text"; nvcc's front end: "path(line): warning #123-D: text".
+# g++: "path:line[:col]: warning: text"; NVRTC: "path(line): warning #123-D: text".
 LOCATED = re.compile(
     r"^(?P<path>[^\s:()][^:()]*?)(?::(?P<line>\d+)(?::\d+)?|\((?P<nline>\d+)\)):"
     r" warning(?: #[\w-]+)?: (?P<text>.*)$"
 )
 PTXAS = re.compile(r"^ptxas (?:warning|/ .* warning) ?: (?P<text>.*)$")
-UNLOCATED = re.compile(r"^(?:nvcc|cc1plus|g\+\+|c\+\+|cicc|cudafe\+\+)(?:: |\s)warning ?: ", re.I)
+UNLOCATED = re.compile(r"^(?:cc1plus|g\+\+|c\+\+)(?:: |\s)warning ?: ", re.I)
 
 
 def scan(lines):
