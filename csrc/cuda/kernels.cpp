@@ -60,9 +60,10 @@ struct Loaded {
   std::string origin;  // or why nothing loaded
 };
 std::mutex loaded_mu;
-std::map<int, Loaded> loaded_by_device;
+std::map<int, Loaded> loaded_by_device;  // an entry is written once (load) and never changes
 
-Loaded loaded_on(int device) {
+// Its entry, by reference: a launch copies nothing of it.
+const Loaded& loaded_on(int device) {
   std::lock_guard<std::mutex> lock(loaded_mu);
   const auto it = loaded_by_device.find(device);
   if (it == loaded_by_device.end() || !it->second.module)
@@ -180,7 +181,7 @@ std::map<int, std::string> device_origins() {
 }
 
 int registers(int device, Kernel kernel) {
-  const Loaded l = loaded_on(device);
+  const Loaded& l = loaded_on(device);
   int most = 0;
   for (const bool staged : {true, false}) {
     int regs = 0;
@@ -192,7 +193,7 @@ int registers(int device, Kernel kernel) {
 }
 
 int resident_ctas_per_sm(int device, Kernel kernel, int threads, int64_t smem_bytes) {
-  const Loaded l = loaded_on(device);
+  const Loaded& l = loaded_on(device);
   int fewest = -1;
   for (const bool staged : {true, false}) {
     int n = 0;
@@ -213,7 +214,7 @@ unsigned dynamic_smem(const Launch& l) {
 }  // namespace
 
 void check_launch(int device, const Launch& l) {
-  const Loaded loaded = loaded_on(device);
+  const Loaded& loaded = loaded_on(device);
   const int f = function_of(l.kernel, l.cols[0].staged != 0);
   if (l.grid < 1 || l.grid > 0x7fffffff || l.threads < 1 || l.threads > 1024 || l.smem_bytes < 0 ||
       dynamic_smem(l) > static_cast<unsigned>(loaded.max_dynamic_smem[f]))
@@ -225,7 +226,7 @@ void check_launch(int device, const Launch& l) {
 }
 
 void launch(int device, const Launch& l, CUstream stream) {
-  const Loaded loaded = loaded_on(device);
+  const Loaded& loaded = loaded_on(device);
   // The kernels' one parameter, as kernels.cu declares it, passed as a block
   // of its size: the driver refuses a block of another size than the
   // kernel's (load_image checked they agree).
