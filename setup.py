@@ -2,7 +2,7 @@
 compiler alone: the CUDA side includes no CUDA header (it reaches the device
 through the driver API, opened at run time), so a CUDA torch needs nothing
 beside it. With a CUDA torch the kernels are compiled by torch's own NVRTC
-(scripts/build_kernels.py: a cubin per architecture and a PTX image) and
+(csrc/cuda/build_kernels.py: a cubin per architecture and a PTX image) and
 embedded in the module; the build says what it built in one line. The
 package (a wheel too) then requires the torch release it was built against.
 
@@ -38,7 +38,7 @@ def load(path):
     return module
 
 
-KERNELS = load(ROOT / "scripts" / "build_kernels.py")
+KERNELS = load(ROOT / "csrc" / "cuda" / "build_kernels.py")
 SWITCHES = load(ROOT / "flashmla_perm" / "_switches.py")
 
 

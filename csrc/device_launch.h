@@ -1,6 +1,6 @@
 // What the kernels see of the launch planning (launch.h includes this): the
 // figures a kernel is built for and the parameters it takes. Compiled by
-// NVRTC (scripts/build_kernels.py hands it the standard headers it lacks:
+// NVRTC (csrc/cuda/build_kernels.py hands it the standard headers it lacks:
 // <cstdint>, <cstring>, <type_traits>) and by the host compiler, so it holds
 // nothing but these.
 #pragma once

@@ -77,7 +77,7 @@ fi
 # an edited source rebuilds it.
 stamp_now() {
   (cd "$ROOT" && "$PY" -c "import torch; print(torch.__version__)" &&
-    find setup.py csrc scripts/build_kernels.py -type f | sort | xargs cat | sha256sum &&
+    find setup.py csrc -type f ! -name '*.pyc' | sort | xargs cat | sha256sum &&
     env | grep -E '^(FLASHMLA_PERM_CUDA|FLASHMLA_PERM_CUDA_ARCHS|FLASHMLA_PERM_SANITIZE)=' | sort || true)
 }
 STAMP=$ROOT/flashmla_perm/.build_stamp

@@ -1,6 +1,6 @@
 """Fails (exit 1) on any compiler warning about the project's own sources in
 build logs: the host compiler's and NVRTC's warnings located in csrc/ or
-tests/harness/ (scripts/build_kernels.py names NVRTC's by csrc/ paths), and
+tests/harness/ (csrc/cuda/build_kernels.py names NVRTC's by csrc/ paths), and
 every ptxas warning (ptxas only ever compiles our kernels). Warnings located in other
 files (torch's headers, the toolkit's) and driver notes without a location
 are counted and listed, but pass.

@@ -158,11 +158,11 @@ CSRC = ROOT / "csrc"
 def test_nvrtc_sees_only_the_kernel_sources_and_the_standard_headers_it_is_given():
     """What the kernels' file includes, and what those headers include, is
     one of build_config.txt's kernel_sources or a standard header
-    scripts/build_kernels.py hands NVRTC: a new include in tile_bodies.h
+    csrc/cuda/build_kernels.py hands NVRTC: a new include in tile_bodies.h
     fails here, not in a CUDA build."""
-    if not (ROOT / "scripts" / "build_kernels.py").is_file():
-        pytest.skip("no scripts/ beside the tests")
-    sys.path.insert(0, str(ROOT / "scripts"))
+    if not (CSRC / "cuda" / "build_kernels.py").is_file():
+        pytest.skip("no csrc/ beside the tests")
+    sys.path.insert(0, str(CSRC / "cuda"))
     try:
         import build_kernels
     finally:

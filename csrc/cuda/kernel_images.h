@@ -1,4 +1,4 @@
-// The kernels built at install by torch's NVRTC (scripts/build_kernels.py):
+// The kernels built at install by torch's NVRTC (csrc/cuda/build_kernels.py):
 // one cubin per architecture ("sm_90") and one PTX image ("compute_80", NUL
 // terminated) for any later GPU, embedded in the module (the generated
 // kernel_images.cpp). Part of the binary: nothing to find, check or trust at

@@ -5,7 +5,7 @@
 // this file holds device code only.
 //
 // torch's NVRTC compiles it at install, a cubin per architecture and a PTX
-// image (scripts/build_kernels.py), and the host loads one and launches the
+// image (csrc/cuda/build_kernels.py), and the host loads one and launches the
 // kernels through the driver API (csrc/cuda/kernels.cpp) by their extern "C"
 // names. It includes nothing but csrc/device_launch.h (and through it
 // tile_bodies.h and three standard headers, which NVRTC is given).
