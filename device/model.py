@@ -30,7 +30,7 @@ import sys
 from collections import namedtuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "device"), os.path.join(ROOT, "scripts")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "device")]
 
 # DeepSeek-V4.1-Flash: 64 heads of 512, q_lora_rank 1280, o_lora_rank 1024
 # per group of 8 heads; Q activations: 4096 bf16 tokens.
