@@ -15,7 +15,8 @@ holds several copies of some (the two jobs of a launch).
     python scripts/sass_loops.py CUBIN_OR_SASS                 # the loops
     python scripts/sass_loops.py --diff BEFORE AFTER           # fails if a loop grew
 
-cuobjdump comes from PATH, $CUOBJDUMP, or the nvidia-cuda-cuobjdump wheel.
+cuobjdump comes from PATH, $CUOBJDUMP, or the nvidia-cuda-cuobjdump wheel
+(whose -sass needs the nvidia-cuda-nvdisasm wheel beside it).
 --diff compares, per kernel and memory signature, the longest loop and the
 set of distinct lengths; it fails where a signature's longest loop grew.
 """
@@ -99,9 +100,13 @@ def sass_of(path):
         tool = tool or next(glob.iglob(os.path.join(nvidia.__path__[0], "cu*", "bin", "cuobjdump")))
     except (ImportError, StopIteration):
         pass
+    wheels = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
     if not tool:
-        sys.exit("no cuobjdump: put it on PATH, set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump")
-    return subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
+        sys.exit(f"no cuobjdump: put it on PATH, set CUOBJDUMP, or {wheels}")
+    done = subprocess.run([tool, "-sass", path], capture_output=True, text=True)
+    if done.returncode:  # e.g. no nvdisasm beside it
+        sys.exit(f"{done.stderr.strip()}\n(cuobjdump -sass {path} failed: {wheels} gives both)")
+    return done.stdout
 
 
 def by_signature(path):
